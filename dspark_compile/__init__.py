@@ -1,0 +1,9 @@
+"""dspark-compile: DSpark drafters with the whole draft step on the device."""
+
+from dspark_compile.checkpoint import load_checkpoint, random_drafter, save_checkpoint
+from dspark_compile.config import LaneConfig, lane_config
+from dspark_compile.draft import DraftOutput, DraftStep, KVCache, RoundInputs, draft
+from dspark_compile.reference import HostPath
+
+__all__ = ["DraftOutput", "DraftStep", "HostPath", "KVCache", "LaneConfig", "RoundInputs",
+           "draft", "lane_config", "load_checkpoint", "random_drafter", "save_checkpoint"]

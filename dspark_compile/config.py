@@ -1,0 +1,161 @@
+"""Dataclass schemas for lanes and runs.
+
+A *lane* is a drafter geometry (plus the knobs that change its arithmetic). Lanes live as
+YAML under ``conf/lane/``; Hydra merges them into these schemas, so a wrong type or an
+unknown key fails at compose time. The runtime reads lanes from artifact manifests and
+never imports Hydra: only :func:`register_configs` touches it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from omegaconf import MISSING, OmegaConf
+
+from dspark_compile.errors import ConfigError
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+class MarkovHead(str, Enum):
+    vanilla = "vanilla"
+    gated = "gated"
+    rnn = "rnn"
+
+
+class Layout(str, Enum):
+    # k rows [anchor, mask x (k-1)]; row i predicts position s+i+1
+    anchor_first = "anchor_first"
+    # k+1 rows [anchor, mask x k]; the k mask rows are kept
+    one_plus_k = "one_plus_k"
+
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+          "float64": torch.float64}
+
+
+@dataclass
+class LaneConfig:
+    name: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    target_vocab_size: int
+    draft_vocab_size: int
+    k: int  # tokens drafted per round
+    target_layer_ids: list[int]
+    mask_token_id: int
+    rope_theta: float = 1e6
+    rms_norm_eps: float = 1e-6
+    markov_rank: int = 256
+    markov_head: MarkovHead = MarkovHead.vanilla
+    confidence_with_markov: bool = True
+    layout: Layout = Layout.anchor_first
+    block_causal: bool = False  # causal attention inside the draft block
+    sliding_window: Optional[int] = None  # context keys further back than this are not seen
+    dtype: str = "bfloat16"
+    max_context: int = 4096  # largest anchor position a request may reach
+    max_batch: int = 64
+
+    def __post_init__(self) -> None:
+        self.markov_head = MarkovHead(self.markov_head)
+        self.layout = Layout(self.layout)
+        self.target_layer_ids = list(self.target_layer_ids)
+        checks = [
+            (self.dtype in DTYPES, "dtype", f"one of {sorted(DTYPES)}", self.dtype),
+            (self.num_heads % self.num_kv_heads == 0, "num_heads",
+             f"a multiple of num_kv_heads={self.num_kv_heads}", self.num_heads),
+            (1 <= self.draft_vocab_size <= self.target_vocab_size, "draft_vocab_size",
+             f"[1, target_vocab_size={self.target_vocab_size}]", self.draft_vocab_size),
+            (0 <= self.mask_token_id < self.target_vocab_size, "mask_token_id",
+             f"[0, {self.target_vocab_size})", self.mask_token_id),
+            (self.k >= 1, "k", ">= 1", self.k),
+            (self.markov_rank >= 1, "markov_rank", ">= 1", self.markov_rank),
+            (len(self.target_layer_ids) >= 1, "target_layer_ids", "at least one layer",
+             self.target_layer_ids),
+            (self.sliding_window is None or self.sliding_window >= 1, "sliding_window",
+             ">= 1 or null", self.sliding_window),
+            (self.max_context >= 1 and self.max_batch >= 1, "max_context/max_batch", ">= 1",
+             (self.max_context, self.max_batch)),
+        ]
+        for ok, name, allowed, value in checks:
+            if not ok:
+                raise ConfigError(f"lane {self.name!r}: {name}={value!r}, expected {allowed}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def has_d2t(self) -> bool:
+        return self.draft_vocab_size < self.target_vocab_size
+
+    @property
+    def block_rows(self) -> int:
+        """Rows the backbone runs per round: k, or k+1 in the 1+k layout."""
+        return self.k + (self.layout is Layout.one_plus_k)
+
+    @property
+    def feature_size(self) -> int:
+        """Width of one context feature row: the tapped target layers concatenated."""
+        return len(self.target_layer_ids) * self.hidden_size
+
+    @property
+    def cache_slots(self) -> int:
+        """KV slots per request: the context, the block's scratch rows, one trash slot."""
+        return self.max_context + self.block_rows + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def replace(self, **changes: Any) -> "LaneConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, Enum) else value
+
+
+@dataclass
+class BackendConfig:
+    name: str = "eager"
+
+
+@dataclass
+class Config:
+    """One run of ``dspark-compile``: a lane, a backend, and what to check it on."""
+
+    lane: LaneConfig = MISSING
+    backend: BackendConfig = MISSING
+    device: str = "cpu"
+    checkpoint: Optional[str] = None  # a DeepSpec or speculators directory; else seeded weights
+    seed: int = 0
+    batch: int = 3
+    context: int = 64  # prompt length of the first round
+    rounds: int = 4
+
+
+def lane_config(name: str, **overrides: Any) -> LaneConfig:
+    """The lane ``conf/lane/<name>.yaml`` as a :class:`LaneConfig`, without Hydra."""
+    path = CONF_DIR / "lane" / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in (CONF_DIR / "lane").glob("*.yaml"))
+        raise ConfigError(f"unknown lane {name!r}; known lanes: {known}")
+    node = OmegaConf.merge(OmegaConf.structured(LaneConfig), OmegaConf.load(path), overrides)
+    return OmegaConf.to_object(node)
+
+
+def register_configs() -> None:
+    """Register the schemas with Hydra's ConfigStore (the YAML under conf/ merges into them)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="schema", node=Config)

@@ -1,0 +1,21 @@
+"""Typed errors: each names what was wrong and what is allowed (DESIGN.md section 7)."""
+
+
+class DSparkError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class ConfigError(DSparkError, ValueError):
+    """An unknown lane or backend, or a lane whose fields contradict each other."""
+
+
+class InputError(DSparkError, ValueError):
+    """A draft-step input with the wrong shape, dtype, device or value range."""
+
+    def __init__(self, field: str, problem: str, allowed: str):
+        self.field = field
+        super().__init__(f"{field}: {problem}; allowed: {allowed}")
+
+
+class CheckpointError(DSparkError, ValueError):
+    """A checkpoint whose config, keys or shapes do not match the lane."""

@@ -1,0 +1,192 @@
+"""The parallel backbone: Qwen3 layers whose keys and values also see the target's features.
+
+Context K/V live in static per-request buffers ``[layers, R, kv_heads, slots, head_dim]``
+where slot = position. Behind the context sit ``block_rows`` scratch slots for the block's
+own K/V (the next append overwrites them; they are never read as context) and one trash
+slot that swallows padding rows. Every shape is static; per-request lengths are tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dspark_compile.config import LaneConfig, Layout
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Qwen3: normalise in (at least) fp32, round, then scale in the model dtype
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))
+        wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * wide.to(x.dtype)
+
+
+def rope_tables(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype
+                ) -> tuple[Tensor, Tensor]:
+    """NeoX RoPE cos/sin ``[R, n, head_dim]`` for integer positions ``[R, n]`` (fp32 math)."""
+    exponent = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
+    inv_freq = 1.0 / (theta ** (exponent / head_dim))
+    freqs = positions.to(torch.float32)[..., None] * inv_freq
+    angles = torch.cat([freqs, freqs], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate ``x [R, n, heads, head_dim]``."""
+    cos, sin = cos[:, :, None], sin[:, :, None]
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, lane: LaneConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            lane.num_heads, lane.num_kv_heads, lane.head_dim)
+        self.q_proj = nn.Linear(lane.hidden_size, lane.num_heads * lane.head_dim, bias=False)
+        self.k_proj = nn.Linear(lane.hidden_size, lane.num_kv_heads * lane.head_dim, bias=False)
+        self.v_proj = nn.Linear(lane.hidden_size, lane.num_kv_heads * lane.head_dim, bias=False)
+        self.o_proj = nn.Linear(lane.num_heads * lane.head_dim, lane.hidden_size, bias=False)
+        self.q_norm = RMSNorm(lane.head_dim, lane.rms_norm_eps)
+        self.k_norm = RMSNorm(lane.head_dim, lane.rms_norm_eps)
+
+    def keys_values(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """K (normed, rotated) and V ``[R, n, kv_heads, head_dim]`` of rows ``x [R, n, H]``."""
+        shape = (*x.shape[:2], self.num_kv_heads, self.head_dim)
+        k = apply_rope(self.k_norm(self.k_proj(x).view(shape)), cos, sin)
+        return k, self.v_proj(x).view(shape)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                block_slots: Tensor, mask: Tensor) -> Tensor:
+        """Attend the block rows ``x [R, n, H]`` over the cache ``[R, kv_heads, slots, D]``.
+
+        The block's own K/V go to its scratch slots first, so one masked SDPA covers
+        context and block. ``mask [R, 1, group*n, slots]`` is shared by all layers.
+        """
+        R, n, _ = x.shape
+        group = self.num_heads // self.num_kv_heads
+        k, v = self.keys_values(x, cos, sin)
+        write_rows(k_cache, block_slots, k)
+        write_rows(v_cache, block_slots, v)
+        q = self.q_norm(self.q_proj(x).view(R, n, self.num_heads, self.head_dim))
+        q = apply_rope(q, cos, sin)
+        # GQA without copying K/V: the `group` query heads of one kv head become extra rows
+        q = q.view(R, n, self.num_kv_heads, group, self.head_dim).permute(0, 2, 3, 1, 4)
+        q = q.reshape(R, self.num_kv_heads, group * n, self.head_dim)
+        out = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask,
+                                             scale=self.head_dim ** -0.5)
+        out = out.view(R, self.num_kv_heads, group, n, self.head_dim).permute(0, 3, 1, 2, 4)
+        return self.o_proj(out.reshape(R, n, self.num_heads * self.head_dim))
+
+
+def write_rows(cache: Tensor, slots: Tensor, rows: Tensor) -> None:
+    """``cache[r, :, slots[r, i]] = rows[r, i]`` for a cache ``[R, kv_heads, slots, D]``."""
+    batch = torch.arange(cache.shape[0], device=cache.device)[:, None].expand_as(slots)
+    cache[batch, :, slots] = rows
+
+
+class MLP(nn.Module):
+    def __init__(self, lane: LaneConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(lane.hidden_size, lane.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(lane.hidden_size, lane.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(lane.intermediate_size, lane.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, lane: LaneConfig):
+        super().__init__()
+        self.self_attn = Attention(lane)
+        self.mlp = MLP(lane)
+        self.input_layernorm = RMSNorm(lane.hidden_size, lane.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(lane.hidden_size, lane.rms_norm_eps)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                block_slots: Tensor, mask: Tensor) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache,
+                               block_slots, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """Context append plus one parallel forward of the draft block."""
+
+    def __init__(self, lane: LaneConfig):
+        super().__init__()
+        self.lane = lane
+        self.embed_tokens = nn.Embedding(lane.target_vocab_size, lane.hidden_size)
+        self.fc = nn.Linear(lane.feature_size, lane.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(lane.hidden_size, lane.rms_norm_eps)
+        self.layers = nn.ModuleList(Layer(lane) for _ in range(lane.num_layers))
+        self.norm = RMSNorm(lane.hidden_size, lane.rms_norm_eps)
+        self.lm_head = nn.Linear(lane.hidden_size, lane.draft_vocab_size, bias=False)
+
+    def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        lane = self.lane
+        return rope_tables(positions, lane.head_dim, lane.rope_theta, self.fc.weight.dtype)
+
+    def append_context(self, k_cache: Tensor, v_cache: Tensor, features: Tensor,
+                       num_new: Tensor, anchor_pos: Tensor) -> None:
+        """Write K/V of the valid rows of ``features [R, N, F]`` at positions s-n .. s-1.
+
+        Row i of request r is valid when i < num_new[r]; other rows go to the trash slot
+        and are zeroed first, so garbage in padding can never reach a real key.
+        """
+        N = features.shape[1]
+        rows = torch.arange(N, device=features.device)
+        valid = rows[None, :] < num_new[:, None]
+        positions = anchor_pos[:, None] - num_new[:, None] + rows[None, :]
+        slots = torch.where(valid, positions, k_cache.shape[3] - 1)
+        features = torch.where(valid[..., None], features, 0)
+        ctx = self.hidden_norm(self.fc(features))
+        cos, sin = self.rope(positions)
+        for i, layer in enumerate(self.layers):
+            k, v = layer.self_attn.keys_values(ctx, cos, sin)
+            write_rows(k_cache[i], slots, k)
+            write_rows(v_cache[i], slots, v)
+
+    def block_mask(self, anchor_pos: Tensor, slots: int) -> Tensor:
+        """Which cache slots each block row sees: ``[R, 1, group*rows, slots]`` (bool)."""
+        lane = self.lane
+        n = lane.block_rows
+        device = anchor_pos.device
+        key = torch.arange(slots, device=device)[None, None, :]          # [1, 1, S]
+        start = anchor_pos[:, None, None]                                 # [R, 1, 1]
+        query = start + torch.arange(n, device=device)[None, :, None]     # [R, n, 1]
+        visible = (key < start + n).expand(-1, n, -1)                     # context + block
+        if lane.block_causal:
+            visible = visible & ((key < start) | (key <= query))
+        if lane.sliding_window is not None:
+            visible = visible & (query - key < lane.sliding_window)
+        group = lane.num_heads // lane.num_kv_heads
+        return visible.repeat(1, group, 1)[:, None]
+
+    def forward(self, k_cache: Tensor, v_cache: Tensor, anchor: Tensor, anchor_pos: Tensor
+                ) -> tuple[Tensor, Tensor]:
+        """Hidden rows ``h [R, k, H]`` and base logits ``U [R, k, V_draft]`` of the block."""
+        lane = self.lane
+        n = lane.block_rows
+        R = anchor.shape[0]
+        masks = torch.full((R, n - 1), lane.mask_token_id, dtype=torch.long,
+                           device=anchor.device)
+        ids = torch.cat([anchor[:, None], masks], dim=1)
+        positions = anchor_pos[:, None] + torch.arange(n, device=anchor.device)
+        cos, sin = self.rope(positions)
+        mask = self.block_mask(anchor_pos, k_cache.shape[3])
+        x = self.embed_tokens(ids)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, k_cache[i], v_cache[i], positions, mask)
+        h = self.norm(x)
+        if lane.layout is Layout.one_plus_k:
+            h = h[:, 1:]
+        return h, self.lm_head(h)

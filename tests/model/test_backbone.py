@@ -1,0 +1,95 @@
+"""The cached, static-shape backbone against a plain full recompute.
+
+The oracle keeps every context row ever appended and, each round, re-encodes the whole
+context and attends over it with explicit masks: no KV cache, no scratch or trash slots,
+no GQA trick, its own RoPE. Both run in float64, so they must agree to rounding.
+"""
+
+import pytest
+import torch
+
+from dspark_compile.checkpoint import random_drafter
+from dspark_compile.config import lane_config
+from dspark_compile.draft import KVCache, markov_loop
+from dspark_compile.rounds import context_needed, synthetic_rounds
+
+
+def rms(x, weight, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rotate(x, positions, theta):
+    half = x.shape[-1] // 2
+    # the design fixes RoPE angles in fp32, as Qwen3 computes them
+    inv_freq = 1.0 / theta ** (torch.arange(half, dtype=torch.float32) * 2 / x.shape[-1])
+    angle = positions[:, None].float() * inv_freq  # [T, half]
+    cos, sin = angle.cos().double()[:, None], angle.sin().double()[:, None]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def full_recompute(drafter, context, anchor, s):
+    """h and U for one request: ``context [s, F]`` holds the features of positions 0..s-1."""
+    lane, sd = drafter.lane, drafter.state_dict()
+    n, eps = lane.block_rows, lane.rms_norm_eps
+    ctx = rms(context @ sd["fc.weight"].T, sd["hidden_norm.weight"], eps)
+    ids = torch.tensor([anchor] + [lane.mask_token_id] * (n - 1))
+    x = sd["embed_tokens.weight"][ids]
+    ctx_pos, block_pos = torch.arange(s), torch.arange(s, s + n)
+    key_pos = torch.cat([ctx_pos, block_pos])
+    allowed = torch.ones(n, s + n, dtype=torch.bool)
+    if lane.block_causal:
+        allowed[:, s:] = block_pos[None, :] <= block_pos[:, None]
+    if lane.sliding_window is not None:
+        allowed &= block_pos[:, None] - key_pos[None, :] < lane.sliding_window
+    group = lane.num_heads // lane.num_kv_heads
+    for i in range(lane.num_layers):
+        p = f"layers.{i}."
+        xn = rms(x, sd[p + "input_layernorm.weight"], eps)
+        q = (xn @ sd[p + "self_attn.q_proj.weight"].T).view(n, lane.num_heads, lane.head_dim)
+        q = rotate(rms(q, sd[p + "self_attn.q_norm.weight"], eps), block_pos, lane.rope_theta)
+        rows = torch.cat([ctx, xn])
+        k = (rows @ sd[p + "self_attn.k_proj.weight"].T).view(s + n, lane.num_kv_heads, -1)
+        k = rotate(rms(k, sd[p + "self_attn.k_norm.weight"], eps), key_pos, lane.rope_theta)
+        v = (rows @ sd[p + "self_attn.v_proj.weight"].T).view(s + n, lane.num_kv_heads, -1)
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) * lane.head_dim ** -0.5
+        weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+        attn = torch.einsum("hqk,khd->qhd", weights, v).reshape(n, -1)
+        x = x + attn @ sd[p + "self_attn.o_proj.weight"].T
+        xn = rms(x, sd[p + "post_attention_layernorm.weight"], eps)
+        gate = torch.nn.functional.silu(xn @ sd[p + "mlp.gate_proj.weight"].T)
+        x = x + (gate * (xn @ sd[p + "mlp.up_proj.weight"].T)) @ sd[p + "mlp.down_proj.weight"].T
+    h = rms(x, sd["norm.weight"], eps)[n - lane.k:]
+    return h, h @ sd["lm_head.weight"].T
+
+
+@pytest.mark.parametrize("lane_name,changes", [
+    ("tiny", {}),
+    ("tiny_d2t", {"layout": "one_plus_k", "markov_head": "rnn"}),
+    ("tiny", {"block_causal": True, "sliding_window": 20, "markov_head": "gated"}),
+])
+def test_cached_draft_step_matches_full_recompute(lane_name, changes):
+    lane = lane_config(lane_name, dtype="float64", **changes)
+    drafter = random_drafter(lane, "cpu", seed=11)
+    batch, context, rounds = 3, 30, 5
+    cache = KVCache.allocate(lane, batch, "cpu", context_needed(lane, context, rounds))
+    history = torch.zeros(batch, cache.k.shape[3], lane.feature_size, dtype=torch.float64)
+    with torch.no_grad():
+        for inputs in synthetic_rounds(lane, batch, context, rounds, seed=2, device="cpu"):
+            for r in range(batch):
+                n, s = int(inputs.num_new[r]), int(inputs.anchor_pos[r])
+                history[r, s - n:s] = inputs.features[r, :n]
+            drafter.append_context(cache.k, cache.v, *inputs.tensors()[:2], inputs.anchor_pos)
+            h, logits = drafter(cache.k, cache.v, inputs.anchor, inputs.anchor_pos)
+            for r in range(batch):
+                s = int(inputs.anchor_pos[r])
+                h_ref, logits_ref = full_recompute(drafter, history[r, :s],
+                                                   int(inputs.anchor[r]), s)
+                torch.testing.assert_close(h[r], h_ref, rtol=1e-9, atol=1e-9)
+                torch.testing.assert_close(logits[r], logits_ref, rtol=1e-9, atol=1e-9)
+                ids, _, _ = markov_loop(drafter, h_ref[None], logits_ref[None],
+                                        inputs.anchor[r:r + 1])
+                cached_ids, _, _ = markov_loop(drafter, h[r:r + 1], logits[r:r + 1],
+                                               inputs.anchor[r:r + 1])
+                assert torch.equal(cached_ids, ids)

@@ -1,0 +1,137 @@
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from dspark_compile.checkpoint import (CONFIG, WEIGHTS, Format, load_checkpoint,
+                                       random_drafter, save_checkpoint)
+from dspark_compile.config import lane_config
+from dspark_compile.errors import CheckpointError
+
+
+def assert_same_weights(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for name in sa:
+        assert torch.equal(sa[name], sb[name]), name
+
+
+def deepspec_keys(layers, head="vanilla"):
+    """The DeepSpec-native key list of DESIGN.md section 5, written out independently."""
+    keys = {"embed_tokens.weight", "fc.weight", "hidden_norm.weight", "norm.weight",
+            "lm_head.weight", "markov_head.markov_w1.weight", "markov_head.markov_w2.weight",
+            "confidence_head.proj.weight", "confidence_head.proj.bias"}
+    for i in range(layers):
+        keys |= {f"layers.{i}.self_attn.{p}_proj.weight" for p in "qkvo"}
+        keys |= {f"layers.{i}.self_attn.{p}_norm.weight" for p in "qk"}
+        keys |= {f"layers.{i}.mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
+        keys |= {f"layers.{i}.{n}_layernorm.weight" for n in ("input", "post_attention")}
+    extra = {"gated": "gate_proj", "rnn": "joint_proj"}.get(head)
+    if extra:
+        keys |= {f"markov_head.{extra}.weight", f"markov_head.{extra}.bias"}
+    return keys
+
+
+@pytest.mark.parametrize("head", ["vanilla", "gated", "rnn"])
+def test_deepspec_round_trip_and_key_layout(tmp_path, head):
+    lane = lane_config("tiny", markov_head=head)
+    drafter = random_drafter(lane, "cpu", seed=5)
+    save_checkpoint(drafter, tmp_path, Format.deepspec)
+    with safe_open(str(tmp_path / WEIGHTS), framework="pt") as f:
+        assert set(f.keys()) == deepspec_keys(lane.num_layers, head)
+        assert list(f.get_slice("markov_head.markov_w2.weight").get_shape()) == [
+            lane.draft_vocab_size, lane.markov_rank]
+    config = json.loads((tmp_path / CONFIG).read_text())
+    assert config["target_layer_ids"] == lane.target_layer_ids
+    assert config["markov_head_type"] == head and config["block_size"] == lane.k
+    loaded = load_checkpoint(tmp_path, lane_config("tiny"), "cpu")
+    assert loaded.lane == lane
+    assert_same_weights(drafter, loaded)
+
+
+def test_speculators_round_trip_keeps_d2t(tmp_path):
+    lane = lane_config("tiny_d2t", layout="one_plus_k", block_causal=True, sliding_window=32)
+    drafter = random_drafter(lane, "cpu", seed=6)
+    save_checkpoint(drafter, tmp_path, Format.speculators)
+    config = json.loads((tmp_path / CONFIG).read_text())
+    assert config["aux_hidden_state_layer_ids"] == [i + 1 for i in lane.target_layer_ids]
+    assert config["draft_vocab_size"] == 128 and config["sample_from_anchor"] is False
+    assert config["transformer_layer_config"]["vocab_size"] == 512
+    tensors = load_file(str(tmp_path / WEIGHTS))
+    assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
+    assert int(tensors["t2d"].sum()) == lane.draft_vocab_size
+    loaded = load_checkpoint(tmp_path, lane_config("tiny"), "cpu")
+    assert loaded.lane == lane.replace(name="tiny")  # the geometry came from config.json
+    assert_same_weights(drafter, loaded)
+
+
+def test_checkpoint_config_overrides_lane_geometry(tmp_path):
+    saved = lane_config("tiny", markov_rank=8, k=3, num_layers=1)
+    save_checkpoint(random_drafter(saved, "cpu"), tmp_path)
+    loaded = load_checkpoint(tmp_path, lane_config("tiny"), "cpu")
+    assert (loaded.lane.markov_rank, loaded.lane.k, loaded.lane.num_layers) == (8, 3, 1)
+
+
+def test_reduced_vocabulary_needs_the_speculators_format(tmp_path):
+    with pytest.raises(CheckpointError, match="only the speculators format"):
+        save_checkpoint(random_drafter(lane_config("tiny_d2t"), "cpu"), tmp_path, "deepspec")
+
+
+def rewrite_weights(path, change):
+    tensors = load_file(str(path / WEIGHTS))
+    change(tensors)
+    save_file(tensors, str(path / WEIGHTS))
+
+
+def test_shape_mismatch_names_key_and_both_shapes(tmp_path):
+    save_checkpoint(random_drafter(lane_config("tiny"), "cpu"), tmp_path)
+    rewrite_weights(tmp_path, lambda t: t.update(
+        {"layers.1.mlp.up_proj.weight": torch.zeros(100, 64, dtype=torch.bfloat16)}))
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(tmp_path, lane_config("tiny"), "cpu")
+    message = str(info.value)
+    assert "layers.1.mlp.up_proj.weight" in message
+    assert "[100, 64]" in message and "[128, 64]" in message
+
+
+def test_missing_and_unexpected_keys_are_named(tmp_path):
+    save_checkpoint(random_drafter(lane_config("tiny"), "cpu"), tmp_path)
+
+    def change(t):
+        del t["fc.weight"]
+        t["extra.weight"] = torch.zeros(1)
+    rewrite_weights(tmp_path, change)
+    with pytest.raises(CheckpointError, match=r"missing \['fc.weight'\], unexpected "
+                                              r"\['extra.weight'\]"):
+        load_checkpoint(tmp_path, lane_config("tiny"), "cpu")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garble_config", "drop_key"])
+def test_damaged_checkpoints_raise_checkpoint_error(tmp_path, damage):
+    save_checkpoint(random_drafter(lane_config("tiny"), "cpu"), tmp_path)
+    if damage == "truncate":
+        data = (tmp_path / WEIGHTS).read_bytes()
+        (tmp_path / WEIGHTS).write_bytes(data[: len(data) // 2])
+    elif damage == "garble_config":
+        (tmp_path / CONFIG).write_text("{not json")
+    else:
+        config = json.loads((tmp_path / CONFIG).read_text())
+        del config["markov_rank"]
+        (tmp_path / CONFIG).write_text(json.dumps(config))
+    with pytest.raises(CheckpointError):
+        load_checkpoint(tmp_path, lane_config("tiny"), "cpu")
+
+
+def test_random_weights_are_seeded_and_made_on_the_device_in_the_lane_dtype(device):
+    lane = lane_config("tiny_d2t")
+    a, b = random_drafter(lane, device, 1), random_drafter(lane, device, 1)
+    assert_same_weights(a, b)
+    c = random_drafter(lane, device, 2)
+    assert not torch.equal(a.fc.weight, c.fc.weight)
+    for name, t in a.state_dict().items():
+        assert t.device.type == device.type, name
+        assert t.dtype == (torch.int64 if name == "d2t" else torch.bfloat16), name
+    targets = torch.arange(lane.draft_vocab_size, device=device) + a.d2t
+    assert torch.all(targets[1:] > targets[:-1]) and int(targets.max()) < 512

@@ -1,0 +1,89 @@
+import shutil
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException, ValidationError
+
+from dspark_compile.config import CONF_DIR, Config, LaneConfig, lane_config, register_configs
+from dspark_compile.errors import ConfigError
+
+LANES = ["tiny", "tiny_d2t", "qwen36_27b", "qwen36_35b_a3b"]
+
+
+def compose_config(*overrides, conf_dir=CONF_DIR):
+    register_configs()
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def test_default_is_the_tiny_lane_on_the_cpu():
+    config = OmegaConf.to_object(compose_config())
+    assert isinstance(config, Config)
+    assert config.lane.name == "tiny" and config.device == "cpu"
+    assert config.backend.name == "eager"
+
+
+@pytest.mark.parametrize("name", LANES)
+def test_every_lane_composes_into_the_schema(name):
+    lane = OmegaConf.to_object(compose_config(f"lane={name}")).lane
+    assert isinstance(lane, LaneConfig) and lane.name == name
+    assert lane == lane_config(name)
+
+
+def test_design_geometry_of_the_real_lanes():
+    big, moe = lane_config("qwen36_27b"), lane_config("qwen36_35b_a3b")
+    assert (big.hidden_size, big.num_heads, big.num_kv_heads, big.head_dim, big.k) == (
+        5120, 32, 8, 128, 15)
+    assert big.target_layer_ids == [1, 16, 31, 46, 61] and not big.has_d2t
+    assert (moe.draft_vocab_size, moe.k, moe.sliding_window, moe.mask_token_id) == (
+        32000, 9, 2048, 248077)
+    assert moe.has_d2t and moe.block_causal
+
+
+def test_unknown_key_in_an_override_fails_at_compose_time_naming_it():
+    with pytest.raises(ConfigCompositionException) as info:
+        compose_config("lane.hiden_size=3")
+    assert isinstance(info.value.__cause__, OmegaConfBaseException)
+    assert "Key 'hiden_size' not in 'LaneConfig'" in str(info.value.__cause__)
+
+
+def test_unknown_key_in_a_lane_file_fails_at_compose_time_naming_it(tmp_path):
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    (conf / "lane" / "typo.yaml").write_text(
+        (CONF_DIR / "lane" / "tiny.yaml").read_text() + "hiden_size: 3\n")
+    with pytest.raises(ConfigCompositionException, match="Key 'hiden_size' not in 'LaneConfig'"):
+        compose_config("lane=typo", conf_dir=conf)
+
+
+def test_wrong_type_fails_at_compose_time_naming_it():
+    with pytest.raises(ConfigCompositionException) as info:
+        compose_config("lane.k=five")
+    assert isinstance(info.value.__cause__, ValidationError)
+    assert "lane.k" in str(info.value.__cause__)
+
+
+def test_bad_enum_value_fails_at_compose_time():
+    with pytest.raises(ConfigCompositionException) as info:
+        compose_config("lane.markov_head=lstm")
+    assert "vanilla" in str(info.value.__cause__)  # lists the allowed heads
+
+
+def test_unknown_lane_is_refused():
+    with pytest.raises(ConfigCompositionException, match="lane"):
+        compose_config("lane=nope")
+    with pytest.raises(ConfigError, match="known lanes"):
+        lane_config("nope")
+
+
+@pytest.mark.parametrize("changes,field", [
+    ({"num_heads": 3}, "num_heads"),
+    ({"draft_vocab_size": 1000}, "draft_vocab_size"),
+    ({"mask_token_id": 512}, "mask_token_id"),
+    ({"dtype": "int8"}, "dtype"),
+])
+def test_contradictory_lane_fields_raise_config_error(changes, field):
+    with pytest.raises(ConfigError, match=field):
+        lane_config("tiny", **changes)

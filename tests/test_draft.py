@@ -1,0 +1,112 @@
+import pytest
+import torch
+
+from dspark_compile.checkpoint import random_drafter
+from dspark_compile.config import lane_config
+from dspark_compile.draft import DraftStep, KVCache, RoundInputs, draft
+from dspark_compile.errors import InputError
+from dspark_compile.rounds import synthetic_rounds
+
+ROUNDS = 4
+
+
+def assert_identical(rounds) -> int:
+    compared = 0
+    for index, ((ids, confidences), ref) in enumerate(rounds):
+        assert torch.equal(ids.cpu(), ref.ids), f"round {index}: ids differ"
+        assert torch.equal(confidences.cpu(), ref.confidences), f"round {index}: confidences"
+        compared += ids.numel()
+    return compared
+
+
+@pytest.mark.parametrize("lane_name", ["tiny", "tiny_d2t"])
+@pytest.mark.parametrize("head", ["vanilla", "gated", "rnn"])
+@pytest.mark.parametrize("layout", ["anchor_first", "one_plus_k"])
+@pytest.mark.parametrize("batch", [1, 3, 8])
+@pytest.mark.parametrize("context", [6, 300])
+def test_device_path_matches_host_path(both_paths, device, lane_name, head, layout, batch,
+                                       context):
+    lane = lane_config(lane_name, markov_head=head, layout=layout)
+    drafter = random_drafter(lane, device, seed=batch + context)
+    compared = assert_identical(both_paths(drafter, batch, context, ROUNDS, seed=7))
+    assert compared == ROUNDS * batch * lane.k
+
+
+@pytest.mark.parametrize("lane_name", ["tiny", "tiny_d2t"])
+@pytest.mark.parametrize("block_causal,window", [(True, None), (False, 24), (True, 24)])
+def test_masked_attention_variants_match_host_path(both_paths, device, lane_name,
+                                                   block_causal, window):
+    lane = lane_config(lane_name, block_causal=block_causal, sliding_window=window)
+    drafter = random_drafter(lane, device, seed=3)
+    assert_identical(both_paths(drafter, 3, 60, ROUNDS, seed=5))
+
+
+@pytest.mark.parametrize("lane_name", ["tiny", "tiny_d2t"])
+def test_draft_step_compiles_without_graph_breaks(both_paths, device, lane_name):
+    drafter = random_drafter(lane_config(lane_name), device, seed=1)
+    torch._dynamo.reset()
+    # fullgraph=True raises on any graph break; aot_eager traces through AOTAutograd
+    # (functionalisation of the cache writes included) without Inductor's code generation
+    step = torch.compile(DraftStep(drafter), fullgraph=True, dynamic=False, backend="aot_eager")
+    assert_identical(both_paths(drafter, 3, 20, 3, seed=2, step=step))
+
+
+def test_logits_on_request_are_the_corrected_logits(device):
+    lane = lane_config("tiny_d2t")
+    drafter = random_drafter(lane, device, seed=4)
+    cache = KVCache.allocate(lane, 2, device, 64)
+    inputs = next(synthetic_rounds(lane, 2, 16, 1, 0, device))
+    out = draft(drafter, cache, inputs, with_logits=True)
+    assert out.logits.shape == (2, lane.k, lane.draft_vocab_size)
+    assert out.logits.dtype == lane.torch_dtype
+    drafted = out.logits.argmax(-1)
+    assert torch.equal(out.ids, drafted + drafter.d2t[drafted])
+
+
+class TestBadInputs:
+    lane = lane_config("tiny")
+
+    def setup_method(self):
+        self.drafter = random_drafter(self.lane, "cpu", seed=0)
+        self.cache = KVCache.allocate(self.lane, 2, "cpu", 64)
+        self.inputs = next(synthetic_rounds(self.lane, 2, 16, 1, 0, "cpu"))
+
+    def call(self, **changes):
+        fields = dict(zip(["features", "num_new", "anchor", "anchor_pos"],
+                          self.inputs.tensors()))
+        fields.update(changes)
+        draft(self.drafter, self.cache, RoundInputs(**fields))
+
+    @pytest.mark.parametrize("field,value,message", [
+        ("anchor", torch.tensor([0, 512]), "anchor: values in [0, 512]"),
+        ("anchor", torch.tensor([-1, 3]), "[0, 512)"),
+        ("num_new", torch.tensor([17, 1]), "[0, 16] (rows of features)"),
+        ("anchor_pos", torch.tensor([3, 20]), "anchor_pos >= num_new"),
+        ("anchor_pos", torch.tensor([65, 65]), "<= 64"),
+        ("anchor", torch.tensor([1, 2], dtype=torch.int32), "dtype torch.int64"),
+        ("anchor", torch.tensor([1, 2, 3]), "shape (2,)"),
+        ("features", torch.zeros(2, 16, 192), "dtype torch.bfloat16"),
+        ("features", torch.zeros(2, 16, 100, dtype=torch.bfloat16), "shape (2, 16, 192)"),
+        ("features", torch.zeros(16, 192, dtype=torch.bfloat16), "[R, N, feature_size]"),
+    ])
+    def test_bad_round_inputs_raise_input_error(self, field, value, message):
+        with pytest.raises(InputError, match=f"^{field}") as info:
+            self.call(**{field: value})
+        assert message in str(info.value)
+        assert info.value.field == field
+
+    def test_bad_cache_raises_input_error(self):
+        self.cache = KVCache(self.cache.k[:, :1], self.cache.v[:, :1])
+        with pytest.raises(InputError, match="cache.k: shape"):
+            self.call()
+
+    def test_wrong_device_raises_input_error(self):
+        features = self.inputs.features.to("meta")
+        with pytest.raises(InputError, match="features: device meta"):
+            self.call(features=features)
+
+    def test_nothing_is_written_before_a_bad_input_is_refused(self):
+        before = self.cache.k.clone()
+        with pytest.raises(InputError):
+            self.call(anchor=torch.tensor([0, 10**6]))
+        assert torch.equal(self.cache.k, before)
