@@ -4,6 +4,8 @@ from dspark_compile.checkpoint import load_checkpoint, random_drafter, save_chec
 from dspark_compile.config import LaneConfig, lane_config
 from dspark_compile.draft import DraftOutput, DraftStep, KVCache, RoundInputs, draft
 from dspark_compile.reference import HostPath
+from dspark_compile.runtime import Runner, load_runner
 
 __all__ = ["DraftOutput", "DraftStep", "HostPath", "KVCache", "LaneConfig", "RoundInputs",
-           "draft", "lane_config", "load_checkpoint", "random_drafter", "save_checkpoint"]
+           "Runner", "draft", "lane_config", "load_checkpoint", "load_runner", "random_drafter",
+           "save_checkpoint"]

@@ -37,6 +37,14 @@ def empty_drafter(lane: LaneConfig, device: torch.device | str) -> Drafter:
     return drafter.to_empty(device=device).eval()
 
 
+def cast_drafter(drafter: Drafter, dtype: str) -> Drafter:
+    """A copy of ``drafter`` in another dtype (its lane says so too)."""
+    lane = drafter.lane.replace(dtype=dtype)
+    copy = empty_drafter(lane, drafter.fc.weight.device)
+    copy.load_state_dict(drafter.state_dict())  # copy_ casts
+    return copy
+
+
 @torch.no_grad()
 def random_drafter(lane: LaneConfig, device: torch.device | str = "cpu", seed: int = 0
                    ) -> Drafter:
@@ -177,16 +185,21 @@ def load_checkpoint(directory: str | Path, lane: LaneConfig,
         lane = lane_from_config(config, lane)
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"{directory / CONFIG}: {err}") from err
+    return load_weights(lane, directory / WEIGHTS, device)
+
+
+def load_weights(lane: LaneConfig, path: str | Path, device: torch.device | str) -> Drafter:
+    """A drafter of ``lane`` with the tensors of one safetensors file, checked key by key."""
     with torch.device("meta"):
         drafter = Drafter(lane).to(lane.torch_dtype)
     expected = {name: tuple(t.shape) for name, t in drafter.state_dict().items()}
     try:
-        with safe_open(str(directory / WEIGHTS), framework="pt", device=str(device)) as f:
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
             found = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
             _check_keys(lane, expected, found)
             state = {name: f.get_tensor(name) for name in expected}
     except (OSError, RuntimeError, SafetensorError) as err:  # missing, truncated, garbled
-        raise CheckpointError(f"{directory / WEIGHTS}: {err}") from err
+        raise CheckpointError(f"{path}: {err}") from err
     state = {name: t if name == "d2t" else t.to(lane.torch_dtype) for name, t in state.items()}
     if lane.has_d2t:
         targets = torch.arange(lane.draft_vocab_size, device=device) + state["d2t"]

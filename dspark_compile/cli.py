@@ -1,23 +1,30 @@
-"""Hydra entry points."""
+"""Hydra entry points: ``dspark-compile`` and ``dspark-verify``."""
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
+import sys
 import time
-from typing import Callable
+from typing import Callable, TypeVar
 
 import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from dspark_compile.artifacts import build_artifact
 from dspark_compile.checkpoint import load_checkpoint, random_drafter
-from dspark_compile.config import CONF_DIR, Config, register_configs
+from dspark_compile.config import CONF_DIR, Config, VerifyConfig, register_configs
 from dspark_compile.draft import KVCache, draft
 from dspark_compile.model import Drafter
 from dspark_compile.reference import HostPath
-from dspark_compile.rounds import context_needed, synthetic_rounds
+from dspark_compile.rounds import synthetic_rounds
+from dspark_compile.runtime import Runner, load_runner
+from dspark_compile.verify import verify_artifact
 
 register_configs()
+T = TypeVar("T")
 
 
 def build_drafter(cfg: Config) -> Drafter:
@@ -26,7 +33,7 @@ def build_drafter(cfg: Config) -> Drafter:
     return random_drafter(cfg.lane, cfg.device, cfg.seed)
 
 
-def timed(fn: Callable[[], object], device: torch.device) -> tuple[object, float]:
+def timed(fn: Callable[[], T], device: torch.device) -> tuple[T, float]:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
@@ -36,50 +43,77 @@ def timed(fn: Callable[[], object], device: torch.device) -> tuple[object, float
     return out, (time.perf_counter() - start) * 1e3
 
 
-def compare_paths(cfg: Config) -> list[dict[str, object]]:
-    """Run seeded rounds through the device path and the host path; one row per path."""
-    device = torch.device(cfg.device)
-    drafter = build_drafter(cfg)
-    lane = drafter.lane  # a checkpoint's config.json may have changed the geometry
-    capacity = context_needed(lane, cfg.context, cfg.rounds)
-    device_cache = KVCache.allocate(lane, cfg.batch, device, capacity)
-    host_cache = device_cache.clone()
-    host = HostPath(drafter)
-    identical, device_ms, host_ms, host_bytes = True, [], [], []
+def compare_paths(cfg: Config, runner: Runner) -> list[dict[str, object]]:
+    """Seeded rounds through the host path, the eager device path and the artifact's
+    runtime; one row per path. All three see the batch padded to the runner's bucket."""
+    device, lane = runner.device, runner.lane
+    bucket = runner.bucket(cfg.batch)
+    eager_cache, host_cache = (KVCache.allocate(lane, bucket, device) for _ in "eh")
+    host = HostPath(runner.drafter)
+    ms: dict[str, list[float]] = {"host": [], "eager": [], "runtime": []}
+    identical = {"eager": True, "runtime": True}
     for inputs in synthetic_rounds(lane, cfg.batch, cfg.context, cfg.rounds, cfg.seed, device):
-        out, ms = timed(lambda: draft(drafter, device_cache, inputs), device)
-        device_ms.append(ms)
-        ref, ms = timed(lambda: host.draft(host_cache, inputs), device)
-        host_ms.append(ms)
-        host_bytes.append(ref.transfers.d2h_bytes)
-        identical &= torch.equal(out.ids.cpu(), ref.ids)
-        identical &= torch.equal(out.confidences.cpu(), ref.confidences)
+        padded = runner.pad(inputs, bucket)
+        ref, t = timed(lambda: host.draft(host_cache, padded), device)
+        ms["host"].append(t)
+        out, t = timed(lambda: draft(runner.drafter, eager_cache, padded), device)
+        ms["eager"].append(t)
+        identical["eager"] &= torch.equal(out.ids.cpu(), ref.ids)
+        identical["eager"] &= torch.equal(out.confidences.cpu(), ref.confidences)
+        out, t = timed(lambda: runner.draft(inputs), device)
+        ms["runtime"].append(t)
+        identical["runtime"] &= torch.equal(out.ids.cpu(), ref.ids[:cfg.batch])
     # round 0 carries the prompt; the rounds after it are the steady state
     steady = slice(1, None) if cfg.rounds > 1 else slice(None)
-    row = dict(lane=lane.name, batch=cfg.batch)
-    return [
-        dict(row, path="host", identical="reference", d2h_bytes=host_bytes[-1],
-             ms=statistics.median(host_ms[steady])),
-        dict(row, path="device (eager)", identical=identical,
-             d2h_bytes=cfg.batch * lane.k * (8 + 4), ms=statistics.median(device_ms[steady])),
-    ]
+    device_bytes = cfg.batch * lane.k * (8 + 4)
+    backend = runner.manifest["backend"]
+    rows = [("host", "host", "reference", ref.transfers.d2h_bytes),
+            ("eager", "device (eager)", identical["eager"], device_bytes),
+            ("runtime", f"runtime ({backend})", identical["runtime"], device_bytes)]
+    return [dict(lane=lane.name, batch=cfg.batch, path=path, identical=same, d2h_bytes=size,
+                 ms=statistics.median(ms[key][steady])) for key, path, same, size in rows]
 
 
 def print_table(rows: list[dict[str, object]]) -> None:
-    header = ["lane", "batch", "path", "identical", "d2h_bytes", "ms"]
+    header = list(rows[0])
     cells = [[f"{r[h]:.3f}" if isinstance(r[h], float) else str(r[h]) for h in header]
              for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
     for line in [header, *cells]:
-        print("  ".join(c.ljust(w) for c, w in zip(line, widths)))
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def compile_main(cfg: DictConfig) -> None:
     config: Config = OmegaConf.to_object(cfg)
-    print(f"lane {config.lane.name}, backend {config.backend.name}, device {config.device}, "
-          f"batch {config.batch}, context {config.context}, rounds {config.rounds}")
-    rows = compare_paths(config)
+    backend, buckets = config.backend.name, config.buckets
+    print(f"lane {config.lane.name}, backend {backend}, buckets {buckets}, "
+          f"device {config.device}", flush=True)
+    drafter = build_drafter(config)
+    print(f"compiling the draft step (or finding it under {config.artifacts_dir}/) ...",
+          flush=True)
+    (path, built), seconds = timed(
+        lambda: build_artifact(drafter, backend, buckets, config.artifacts_dir),
+        torch.device(config.device))
+    print(f"{'built' if built else 'reused'} {path} in {seconds / 1e3:.1f} s", flush=True)
+    print("verifying in a fresh process ...", flush=True)
+    check = subprocess.run([sys.executable, "-m", "dspark_compile.verify", f"artifact={path}",
+                            f"device={config.device}"], capture_output=True, text=True)
+    print(check.stdout.strip() or check.stderr.strip())
+    if check.returncode:
+        raise SystemExit(f"dspark-verify failed for {path}")
+    rows = compare_paths(config, load_runner(path, config.device))
     print_table(rows)
     if not all(r["identical"] in (True, "reference") for r in rows):
-        raise SystemExit("device path and host path disagree")
+        raise SystemExit("a path disagrees with the host path")
+    print(path)
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="verify", version_base="1.3")
+def verify_main(cfg: DictConfig) -> None:
+    config: VerifyConfig = OmegaConf.to_object(cfg)
+    report = verify_artifact(config.artifact, config.device, config.rounds, config.context,
+                             config.seed)
+    print(json.dumps(report))
+    if not report["identical"]:
+        raise SystemExit(1)

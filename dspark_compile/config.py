@@ -9,7 +9,7 @@ never imports Hydra: only :func:`register_configs` touches it.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
@@ -137,10 +137,23 @@ class Config:
     backend: BackendConfig = MISSING
     device: str = "cpu"
     checkpoint: Optional[str] = None  # a DeepSpec or speculators directory; else seeded weights
+    buckets: list[int] = field(default_factory=lambda: [1, 4])  # batch sizes compiled
+    artifacts_dir: str = "artifacts"
     seed: int = 0
     batch: int = 3
     context: int = 64  # prompt length of the first round
     rounds: int = 4
+
+
+@dataclass
+class VerifyConfig:
+    """One run of ``dspark-verify``: an artifact and the seeded rounds to check it on."""
+
+    artifact: str = MISSING
+    device: str = "cpu"
+    rounds: int = 4
+    context: int = 24
+    seed: int = 0
 
 
 def lane_config(name: str, **overrides: Any) -> LaneConfig:
@@ -159,3 +172,4 @@ def register_configs() -> None:
 
     cs = ConfigStore.instance()
     cs.store(name="schema", node=Config)
+    cs.store(name="verify_schema", node=VerifyConfig)

@@ -21,7 +21,11 @@ from dspark_compile.model.vocab import to_target
 
 @dataclass
 class KVCache:
-    """Context keys and values ``[layers, R, kv_heads, slots, head_dim]``; slot = position."""
+    """Context keys and values ``[R, layers, kv_heads, slots, head_dim]``; slot = position.
+
+    Requests are the outer dimension, so the first b rows of a cache are a contiguous cache
+    of batch b (what a bucket of a compiled draft step takes).
+    """
 
     k: Tensor
     v: Tensor
@@ -30,7 +34,7 @@ class KVCache:
     def allocate(cls, lane: LaneConfig, batch: int, device: torch.device | str,
                  max_context: Optional[int] = None) -> "KVCache":
         slots = (max_context or lane.max_context) + lane.block_rows + 1
-        shape = (lane.num_layers, batch, lane.num_kv_heads, slots, lane.head_dim)
+        shape = (batch, lane.num_layers, lane.num_kv_heads, slots, lane.head_dim)
         # zeros, not empty: masked slots still enter the attention product, so no NaN there
         return cls(*(torch.zeros(shape, dtype=lane.torch_dtype, device=device) for _ in "kv"))
 
@@ -73,10 +77,13 @@ def markov_loop(drafter: Drafter, h: Tensor, base_logits: Tensor, anchor: Tensor
     """Greedy Markov walk, unrolled: ids ``[R, k]``, ids fed to each step, corrected logits."""
     head = drafter.markov_head
     prev, state = anchor, head.initial_state(h)
+    wide = torch.promote_types(base_logits.dtype, torch.float32)
     ids, prevs, logits = [], [], []
     for step in range(base_logits.shape[1]):
         bias, state = head.step_bias(prev, h[:, step], state)
-        z = base_logits[:, step] + bias  # one add in the model dtype: rounds once, like the host
+        # A model-dtype '+', spelled out (widen, add, round once) so that no compiler folds
+        # the add into the bias GEMM, which would skip the rounding of the bias itself.
+        z = (base_logits[:, step].to(wide) + bias.to(wide)).to(bias.dtype)
         prevs.append(prev)
         prev = to_target(z.argmax(dim=-1), drafter.d2t)  # argmax: the lowest index wins ties
         ids.append(prev)
@@ -118,7 +125,7 @@ def check_round(lane: LaneConfig, cache: KVCache, inputs: RoundInputs) -> None:
                          "[R, N, feature_size] with R >= 1")
     R, N = features.shape[:2]
     device, slots = cache.k.device, cache.k.shape[-2]
-    want_cache = (lane.num_layers, R, lane.num_kv_heads, slots, lane.head_dim)
+    want_cache = (R, lane.num_layers, lane.num_kv_heads, slots, lane.head_dim)
     for name, t in (("cache.k", cache.k), ("cache.v", cache.v)):
         _expect(name, t, want_cache, lane.torch_dtype, device)
     if slots < lane.block_rows + 2:

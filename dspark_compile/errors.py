@@ -19,3 +19,12 @@ class InputError(DSparkError, ValueError):
 
 class CheckpointError(DSparkError, ValueError):
     """A checkpoint whose config, keys or shapes do not match the lane."""
+
+
+class ArtifactError(DSparkError, RuntimeError):
+    """An artifact that is missing, partial, corrupted, or from another environment."""
+
+
+class MissingBackendError(DSparkError, ImportError):
+    """A backend whose package is not installed; the message gives the install command."""
+

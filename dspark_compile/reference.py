@@ -31,6 +31,9 @@ class HostResult:
     ids: Tensor          # [R, k] int64, on the host
     confidences: Tensor  # [R, k] float32, on the host
     transfers: Transfers
+    # [R] steps whose best two logits lie within one model-dtype epsilon (relative) of each
+    # other, exact ties included: where a backend that rounds differently could flip a token
+    near_ties: Tensor
 
 
 class HostPath:
@@ -61,6 +64,8 @@ class HostPath:
         prev = self._down(inputs.anchor, log).numpy()
         state = d.markov_head.initial_state(h)
         ids, prevs = [], []
+        near_ties = np.zeros(base.shape[0], dtype=np.int64)
+        eps = torch.finfo(base_logits.dtype).eps
         for step in range(base.shape[1]):
             prevs.append(prev)
             bias, state = d.markov_head.step_bias(self._up(torch.from_numpy(prev), log),
@@ -68,8 +73,11 @@ class HostPath:
             bias = self._down(bias.to(base.dtype), log)
             z = (base[:, step] + bias).to(base_logits.dtype).float().numpy()
             draft_ids = np.argmax(z, axis=-1)  # numpy: the first maximal index
+            second, best = np.partition(z, -2, axis=-1)[:, -2:].T
+            near_ties += best - second <= eps * np.abs(best)
             prev = draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
             ids.append(prev)
         prevs_dev = self._up(torch.from_numpy(np.stack(prevs, 1)), log)
         confidences = self._down(d.confidences(h, prevs_dev), log)
-        return HostResult(torch.from_numpy(np.stack(ids, 1)), confidences, log)
+        return HostResult(torch.from_numpy(np.stack(ids, 1)), confidences, log,
+                          torch.from_numpy(near_ties))

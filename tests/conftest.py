@@ -1,4 +1,7 @@
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -36,3 +39,37 @@ def run_both_paths(drafter, batch: int, context: int, rounds: int, seed: int, st
 @pytest.fixture
 def both_paths():
     return run_both_paths
+
+
+@pytest.fixture(scope="session")
+def built_artifact(tmp_path_factory):
+    """``built_artifact(backend, lane_name, buckets=(3,))``: built once per session, seed 0."""
+    from dspark_compile.artifacts import build_artifact
+    from dspark_compile.checkpoint import random_drafter
+    from dspark_compile.config import lane_config
+
+    root = tmp_path_factory.mktemp("artifacts")
+    built = {}
+
+    def get(backend: str, lane_name: str, buckets=(3,)):
+        key = (backend, lane_name, tuple(buckets))
+        if key not in built:
+            drafter = random_drafter(lane_config(lane_name), DEVICE, seed=0)
+            built[key] = build_artifact(drafter, backend, list(buckets), root)[0]
+        return built[key]
+    return get
+
+
+@pytest.fixture
+def fresh_verify():
+    return run_verify
+
+
+def run_verify(artifact, *overrides):
+    """dspark-verify in a fresh process: (exit code, its JSON report or None, stderr)."""
+    result = subprocess.run([sys.executable, "-m", "dspark_compile.verify", f"artifact={artifact}",
+                             f"device={DEVICE.type}", *overrides],
+                            capture_output=True, text=True, timeout=600)
+    lines = result.stdout.strip().splitlines()
+    report = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
+    return result.returncode, report, result.stderr

@@ -1,30 +1,47 @@
 import subprocess
 import sys
+from pathlib import Path
 
 
 def run(*args):
     return subprocess.run([sys.executable, "-m", "dspark_compile", *args],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=600)
 
 
-def test_main_command_default_runs_the_tiny_lane_and_agrees():
-    result = run()
+def table(stdout):
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["lane", "batch"])
+    header = lines[start].split()
+    rows = [line.split("  ") for line in lines[start + 1:-1]]
+    return header, [[c.strip() for c in row if c.strip()] for row in rows]
+
+
+def test_main_command_default_builds_verifies_and_prints_the_path_last(tmp_path):
+    result = run(f"artifacts_dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("lane tiny, backend eager, device cpu")
-    host = next(line.split() for line in lines if " host " in line)
-    device = next(line.split() for line in lines if "device (eager)" in line)
-    assert host[3] == "reference" and device[4] == "True"
-    assert int(device[5]) == 3 * 5 * 12  # batch x k x (int64 id + f32 confidence)
+    assert lines[0] == "lane tiny, backend inductor, buckets [1, 4], device cpu"
+    assert any(line.startswith(f"built {tmp_path}/tiny-") for line in lines)
+    assert any('"identical": true' in line for line in lines)  # the fresh-process verify
+    artifact = Path(lines[-1])
+    assert artifact.parent.name == "inductor" and (artifact / "manifest.json").is_file()
+    header, rows = table(result.stdout)
+    assert header == ["lane", "batch", "path", "identical", "d2h_bytes", "ms"]
+    assert [r[2] for r in rows] == ["host", "device (eager)", "runtime (inductor)"]
+    assert [r[3] for r in rows] == ["reference", "True", "True"]
+    assert int(rows[1][4]) == 3 * 5 * 12  # batch x k x (int64 id + f32 confidence)
 
 
-def test_main_command_takes_overrides():
-    result = run("lane=tiny_d2t", "lane.markov_head=gated", "batch=2", "rounds=2")
+def test_main_command_reuses_and_takes_overrides(tmp_path):
+    args = ["lane=tiny_d2t", "lane.markov_head=gated", "backend=eager", "batch=2",
+            "buckets=[2]", f"artifacts_dir={tmp_path}"]
+    assert run(*args).returncode == 0
+    result = run(*args)
     assert result.returncode == 0, result.stderr
-    assert "tiny_d2t  2" in result.stdout
+    assert "reused " in result.stdout and "tiny_d2t  2" in result.stdout
 
 
 def test_main_command_names_an_unknown_key():
     result = run("lane.nope=1")
     assert result.returncode != 0
-    assert "nope" in result.stderr
+    assert "Key 'nope' not in 'LaneConfig'" in result.stderr

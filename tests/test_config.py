@@ -22,7 +22,7 @@ def test_default_is_the_tiny_lane_on_the_cpu():
     config = OmegaConf.to_object(compose_config())
     assert isinstance(config, Config)
     assert config.lane.name == "tiny" and config.device == "cpu"
-    assert config.backend.name == "eager"
+    assert config.backend.name == "inductor" and config.buckets == [1, 4]
 
 
 @pytest.mark.parametrize("name", LANES)

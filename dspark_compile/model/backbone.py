@@ -1,6 +1,6 @@
 """The parallel backbone: Qwen3 layers whose keys and values also see the target's features.
 
-Context K/V live in static per-request buffers ``[layers, R, kv_heads, slots, head_dim]``
+Context K/V live in static per-request buffers ``[R, layers, kv_heads, slots, head_dim]``
 where slot = position. Behind the context sit ``block_rows`` scratch slots for the block's
 own K/V (the next append overwrites them; they are never read as context) and one trash
 slot that swallows padding rows. Every shape is static; per-request lengths are tensors.
@@ -152,8 +152,8 @@ class Backbone(nn.Module):
         cos, sin = self.rope(positions)
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.keys_values(ctx, cos, sin)
-            write_rows(k_cache[i], slots, k)
-            write_rows(v_cache[i], slots, v)
+            write_rows(k_cache[:, i], slots, k)
+            write_rows(v_cache[:, i], slots, v)
 
     def block_mask(self, anchor_pos: Tensor, slots: int) -> Tensor:
         """Which cache slots each block row sees: ``[R, 1, group*rows, slots]`` (bool)."""
@@ -185,7 +185,7 @@ class Backbone(nn.Module):
         mask = self.block_mask(anchor_pos, k_cache.shape[3])
         x = self.embed_tokens(ids)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, k_cache[i], v_cache[i], positions, mask)
+            x = layer(x, cos, sin, k_cache[:, i], v_cache[:, i], positions, mask)
         h = self.norm(x)
         if lane.layout is Layout.one_plus_k:
             h = h[:, 1:]

@@ -51,7 +51,11 @@ class MarkovHead(nn.Module):
 
 
 class ConfidenceHead(nn.Module):
-    """``c_k = sigmoid(w · [h_k ; W1[prev_k]] + b)`` in fp32."""
+    """``c_k = sigmoid(w · [h_k ; W1[prev_k]] + b)``, returned in fp32.
+
+    Accumulated in fp64 and rounded once: the fp32 result is then the same whatever order
+    a backend sums the dot product in, so confidences stay bit-identical across compilers.
+    """
 
     def __init__(self, lane: LaneConfig):
         super().__init__()
@@ -62,5 +66,5 @@ class ConfidenceHead(nn.Module):
     def forward(self, h: Tensor, prev_embeddings: Tensor) -> Tensor:
         """``h [R, k, H]``, ``prev_embeddings [R, k, r]`` -> confidences ``[R, k]`` (fp32)."""
         x = torch.cat([h, prev_embeddings], dim=-1) if self.with_markov else h
-        logit = F.linear(x.float(), self.proj.weight.float(), self.proj.bias.float())
-        return torch.sigmoid(logit).squeeze(-1)
+        logit = F.linear(x.double(), self.proj.weight.double(), self.proj.bias.double())
+        return torch.sigmoid(logit).float().squeeze(-1)

@@ -1,0 +1,39 @@
+"""``torch.compile(mode="reduce-overhead")`` per bucket; the compiled kernels travel as
+Inductor's cache artifacts, so a fresh process skips Inductor and Triton code generation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch._inductor.config
+from torch import Tensor
+
+from dspark_compile.draft import DraftStep
+
+PAYLOAD = "inductor_cache.bin"
+
+
+def _compiled(step: DraftStep) -> Callable:
+    # Round every bf16 intermediate as eager does; without it fused kernels keep fp32
+    # intermediates and the KV cache drifts from the eager path's bits.
+    torch._inductor.config.emulate_precision_casts = True
+    return torch.compile(step, mode="reduce-overhead", fullgraph=True, dynamic=False)
+
+
+def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
+    compiled = _compiled(step)
+    with torch.no_grad():
+        for example in examples.values():
+            compiled(*example)
+    saved = torch.compiler.save_cache_artifacts()
+    if saved is None:
+        raise RuntimeError("Inductor produced no cache artifacts to save")
+    (out_dir / PAYLOAD).write_bytes(saved[0])
+
+
+def load(out_dir: Path, step: DraftStep, buckets: list[int]) -> dict[int, Callable]:
+    torch.compiler.load_cache_artifacts((out_dir / PAYLOAD).read_bytes())
+    compiled = _compiled(step)  # recompiles per bucket shape, each from the cache
+    return {bucket: compiled for bucket in buckets}

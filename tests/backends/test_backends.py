@@ -1,0 +1,69 @@
+"""Each backend on both tiny lanes: build, then dspark-verify in a fresh process."""
+
+import importlib.util
+
+import onnx
+import pytest
+
+from dspark_compile.artifacts import build_artifact
+from dspark_compile.backends import REGISTRY, get_backend
+from dspark_compile.checkpoint import random_drafter
+from dspark_compile.config import lane_config
+from dspark_compile.errors import ConfigError, MissingBackendError
+
+CPU_BACKENDS = ["eager", "inductor", "aoti", "onnx"]
+HAS_TENSORRT = importlib.util.find_spec("torch_tensorrt") is not None
+
+
+@pytest.mark.parametrize("lane_name", ["tiny", "tiny_d2t"])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_artifact_is_token_identical_in_a_fresh_process(built_artifact, fresh_verify, device,
+                                                        backend, lane_name):
+    if device.type not in getattr(get_backend(backend), "DEVICES", ("cpu", "cuda")):
+        pytest.skip(f"{backend} does not run on {device.type}")
+    code, report, stderr = fresh_verify(built_artifact(backend, lane_name))
+    assert code == 0, stderr
+    assert report["identical"] and report["first_mismatch"] is None
+    assert report["backend"] == backend and report["lane"] == lane_name
+    assert report["tokens_compared"] == report["rounds"] * 2 * 5  # batch 2 in bucket 3, k=5
+
+
+def test_onnx_argmax_keeps_the_first_index_on_ties(built_artifact, device):
+    if device.type != "cpu":
+        pytest.skip("onnxruntime runs on the CPU here")
+    model = onnx.load(str(built_artifact("onnx", "tiny_d2t") / "bucket3.onnx"))
+    argmax = [n for n in model.graph.node if n.op_type == "ArgMax"]
+    assert len(argmax) == lane_config("tiny_d2t").k  # the loop is unrolled: one per step
+    for node in argmax:
+        attributes = {a.name: a.i for a in node.attribute}
+        assert attributes.get("select_last_index", 0) == 0
+
+
+def test_unknown_backend_is_refused_with_the_known_ones():
+    with pytest.raises(ConfigError, match="known backends"):
+        get_backend("tvm")
+    assert set(REGISTRY) == {"eager", "inductor", "aoti", "tensorrt", "onnx"}
+
+
+@pytest.mark.skipif(HAS_TENSORRT, reason="torch_tensorrt is installed")
+def test_tensorrt_without_the_package_says_how_to_install_it(tmp_path):
+    backend = get_backend("tensorrt")
+    with pytest.raises(MissingBackendError, match=r"pip install 'dspark-compile\[tensorrt\]'"):
+        backend.compile(None, {}, tmp_path)
+    with pytest.raises(MissingBackendError, match="Torch-TensorRT"):
+        backend.load(tmp_path, None, [1])
+
+
+@pytest.mark.skipif(not HAS_TENSORRT, reason="torch_tensorrt is not installed (optional "
+                    "extra: pip install 'dspark-compile[tensorrt]')")
+def test_tensorrt_artifact_is_token_identical(built_artifact, fresh_verify, device):
+    if device.type != "cuda":
+        pytest.skip("TensorRT runs on CUDA GPUs only")
+    code, report, stderr = fresh_verify(built_artifact("tensorrt", "tiny"))
+    assert code == 0 and report["identical"], stderr
+
+
+def test_backend_on_a_device_it_does_not_run_on_is_refused(tmp_path):
+    drafter = random_drafter(lane_config("tiny"), "cpu")
+    with pytest.raises(ConfigError, match="runs on cuda"):
+        build_artifact(drafter, "tensorrt", [1], tmp_path)

@@ -1,0 +1,125 @@
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dspark_compile.artifacts import (MANIFEST, WEIGHTS, ArtifactKey, build_artifact,
+                                      environment, read_manifest)
+from dspark_compile.checkpoint import random_drafter
+from dspark_compile.config import lane_config
+from dspark_compile.errors import ArtifactError
+from dspark_compile.runtime import load_runner
+
+
+@pytest.fixture
+def artifact(tmp_path):
+    """A fresh eager artifact of its own, safe to damage."""
+    drafter = random_drafter(lane_config("tiny"), "cpu", seed=0)
+    return build_artifact(drafter, "eager", [1, 2], tmp_path / "root")[0]
+
+
+def edit_manifest(path, change, rekey=False):
+    manifest = json.loads((path / MANIFEST).read_text())
+    change(manifest)
+    if rekey:  # what a genuine build elsewhere would have written
+        manifest["key"] = ArtifactKey(manifest["lane"], manifest["weights_sha256"],
+                                      manifest["backend"], tuple(manifest["buckets"]),
+                                      manifest["env"]).digest()
+    (path / MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_layout_and_manifest(artifact, tmp_path):
+    assert artifact.parent.parent.parent == tmp_path / "root"
+    assert artifact.parent.name == "eager" and artifact.name == "1-2"
+    assert artifact.parent.parent.name.startswith("tiny-")
+    manifest = read_manifest(artifact, environment("cpu"))
+    assert manifest["buckets"] == [1, 2] and manifest["dtype"] == "bfloat16"
+    assert manifest["env"]["torch"] == torch.__version__ and manifest["k"] == 5
+    assert set(manifest["files"]) == {WEIGHTS}
+
+
+def test_second_build_of_a_key_is_a_cache_hit(artifact, tmp_path):
+    before = (artifact / MANIFEST).read_text()
+    drafter = random_drafter(lane_config("tiny"), "cpu", seed=0)
+    path, built = build_artifact(drafter, "eager", [2, 1], tmp_path / "root")
+    assert (path, built) == (artifact, False)
+    assert (artifact / MANIFEST).read_text() == before
+
+
+def test_other_weights_make_another_key(artifact, tmp_path):
+    drafter = random_drafter(lane_config("tiny"), "cpu", seed=1)
+    path, built = build_artifact(drafter, "eager", [1, 2], tmp_path / "root")
+    assert built and path != artifact
+
+
+def test_tampered_payload_is_refused(artifact):
+    data = bytearray((artifact / WEIGHTS).read_bytes())
+    data[-1] ^= 1
+    (artifact / WEIGHTS).write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="weights.safetensors fails its sha256 check"):
+        load_runner(artifact, "cpu")
+
+
+def test_tampered_manifest_is_refused(artifact):
+    edit_manifest(artifact, lambda m: m["lane"].update(block_causal=True))
+    with pytest.raises(ArtifactError, match="does not match its key"):
+        load_runner(artifact, "cpu")
+
+
+def test_manifest_from_another_torch_version_is_refused(artifact):
+    edit_manifest(artifact, lambda m: m["env"].update(torch="2.11.0+cu130"), rekey=True)
+    with pytest.raises(ArtifactError, match=r"another environment.*torch: artifact "
+                                            r"'2\.11\.0\+cu130', running"):
+        load_runner(artifact, "cpu")
+
+
+def test_manifest_naming_a_file_outside_the_artifact_is_refused(artifact):
+    edit_manifest(artifact, lambda m: m["files"].update({"../escape": "0" * 64}))
+    with pytest.raises(ArtifactError, match="points outside the artifact"):
+        load_runner(artifact, "cpu")
+
+
+def test_half_written_artifact_is_refused(artifact, tmp_path):
+    partial = tmp_path / "partial"
+    shutil.copytree(artifact, partial)
+    (partial / MANIFEST).unlink()  # what a build killed before its last write leaves
+    with pytest.raises(ArtifactError, match="half-written"):
+        load_runner(partial, "cpu")
+
+
+def test_damaged_artifact_is_rebuilt_not_reused(artifact, tmp_path):
+    (artifact / WEIGHTS).write_bytes(b"garbage")
+    drafter = random_drafter(lane_config("tiny"), "cpu", seed=0)
+    path, built = build_artifact(drafter, "eager", [1, 2], tmp_path / "root")
+    assert path == artifact and built
+    load_runner(path, "cpu")
+
+
+BUILD = """
+import sys
+from dspark_compile.artifacts import build_artifact
+from dspark_compile.checkpoint import random_drafter
+from dspark_compile.config import lane_config
+path, built = build_artifact(random_drafter(lane_config("tiny"), "cpu", 0), "onnx", [2],
+                             sys.argv[1])
+print(path, built)
+"""
+
+
+def test_two_concurrent_builds_leave_one_valid_artifact(tmp_path, fresh_verify):
+    builders = [subprocess.Popen([sys.executable, "-c", BUILD, str(tmp_path)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for _ in range(2)]
+    results = [b.communicate(timeout=600) for b in builders]
+    assert all(b.returncode == 0 for b in builders), [err for _, err in results]
+    outcomes = sorted(out.splitlines()[-1].split() for out, _ in results)
+    assert outcomes[0][0] == outcomes[1][0]  # the same directory
+    assert [o[1] for o in outcomes] == ["False", "True"]  # one built, one reused
+    artifact = outcomes[0][0]
+    siblings = sorted(p.name for p in tmp_path.glob("tiny-*/onnx/*"))
+    assert siblings == [".2.lock", "2"]  # no temporary directories left behind
+    code, report, stderr = fresh_verify(artifact, "device=cpu")
+    assert code == 0 and report["identical"], stderr
