@@ -1,0 +1,97 @@
+"""Cold-compile time vs load-from-artifact time, per backend, each in a fresh process.
+
+Every step gets an empty Inductor cache directory, so "build" is a cold compile and "load"
+proves the artifact alone suffices. Each artifact is then checked by dspark-verify.
+
+    python scripts/artifact_times.py --lane tiny --backends eager inductor aoti onnx \
+        --buckets 1 4 --device cpu --out bench/results/artifact_times_cpu_tiny.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BUILD = """
+import sys, time
+from dspark_compile.artifacts import build_artifact
+from dspark_compile.checkpoint import random_drafter
+from dspark_compile.config import lane_config
+lane, backend, device, root, buckets = sys.argv[1:6]
+drafter = random_drafter(lane_config(lane), device, seed=0)
+start = time.perf_counter()
+path, built = build_artifact(drafter, backend, [int(b) for b in buckets.split(",")], root)
+print(path, built, time.perf_counter() - start)
+"""
+
+LOAD = """
+import sys, time
+start = time.perf_counter()
+from dspark_compile.runtime import load_runner
+runner = load_runner(sys.argv[1], sys.argv[2])
+print(time.perf_counter() - start)
+"""
+
+
+def run(code: list[str], cache_dir: str) -> str:
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, PYTHONUNBUFFERED="1")
+    result = subprocess.run([sys.executable, *code], capture_output=True, text=True, env=env)
+    if result.returncode:
+        raise RuntimeError(f"{code[:2]} failed:\n{result.stderr[-3000:]}")
+    return result.stdout.strip().splitlines()[-1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lane", default="tiny")
+    parser.add_argument("--backends", nargs="+", default=["eager", "inductor", "aoti", "onnx"])
+    parser.add_argument("--buckets", nargs="+", type=int, default=[1, 4])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--root", default=None, help="artifacts dir (default: a temp dir)")
+    parser.add_argument("--out", required=True, help="JSON file to write")
+    args = parser.parse_args()
+    root = args.root or tempfile.mkdtemp(prefix="dspark-artifacts-")
+    buckets = ",".join(map(str, args.buckets))
+    results = []
+    for backend in args.backends:
+        print(f"{backend}: building ...", flush=True)
+        with tempfile.TemporaryDirectory() as cache:
+            path, built, build_s = run(["-c", BUILD, args.lane, backend, args.device, root,
+                                        buckets], cache).split()
+        with tempfile.TemporaryDirectory() as cache:
+            load_s = float(run(["-c", LOAD, path, args.device], cache))
+        with tempfile.TemporaryDirectory() as cache:
+            start = time.perf_counter()
+            report = json.loads(run(["-m", "dspark_compile.verify", f"artifact={path}",
+                                     f"device={args.device}"], cache))
+            verify_s = time.perf_counter() - start
+        row = dict(backend=backend, buckets=args.buckets, built=built == "True",
+                   build_s=round(float(build_s), 2), load_s=round(load_s, 2),
+                   verify_s=round(verify_s, 2), identical=report["identical"],
+                   near_ties=report["near_ties"], tokens_compared=report["tokens_compared"],
+                   artifact_mb=round(sum(f.stat().st_size for f in Path(path).iterdir())
+                                     / 2**20, 1))
+        results.append(row)
+        print(json.dumps(row), flush=True)
+    from dspark_compile.artifacts import environment
+
+    out = dict(command=" ".join([Path(sys.executable).name, *sys.argv]), lane=args.lane,
+               device=args.device, env=environment(args.device), results=results)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    print(f"{'backend':10} {'build s':>8} {'load s':>7} {'verify':>8} {'MB':>8}")
+    for r in results:
+        print(f"{r['backend']:10} {r['build_s']:8.1f} {r['load_s']:7.1f} "
+              f"{'same' if r['identical'] else 'DIFFER':>8} {r['artifact_mb']:8.1f}")
+    if not all(r["identical"] for r in results):
+        raise SystemExit("an artifact is not token-identical to the host path")
+
+
+if __name__ == "__main__":
+    main()
