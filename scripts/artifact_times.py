@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -43,7 +44,9 @@ def run(code: list[str], cache_dir: str) -> str:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, PYTHONUNBUFFERED="1")
     result = subprocess.run([sys.executable, *code], capture_output=True, text=True, env=env)
     if result.returncode:
-        raise RuntimeError(f"{code[:2]} failed:\n{result.stderr[-3000:]}")
+        # drop torch's glog-style warning lines ("W1130 12:00:00 ..."): keep the traceback
+        errors = [line for line in result.stderr.splitlines() if not re.match(r"[WI]\d{4} ", line)]
+        raise RuntimeError(f"{code[:2]} exited {result.returncode}:\n" + "\n".join(errors[-40:]))
     return result.stdout.strip().splitlines()[-1]
 
 

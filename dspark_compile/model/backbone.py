@@ -22,8 +22,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        # Qwen3: normalise in (at least) fp32, round, then scale in the model dtype
-        wide = x.to(torch.promote_types(x.dtype, torch.float32))
+        # Qwen3 normalises in fp32, rounds, then scales in the model dtype. We normalise in
+        # fp64: the rounded result is then the same whatever order a compiler sums the
+        # squares in (an fp32 sum in another order flips bf16 roundings, seen on CUDA).
+        wide = x.to(torch.float64)
         wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * wide.to(x.dtype)
 
