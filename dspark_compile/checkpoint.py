@@ -110,6 +110,8 @@ def lane_from_config(config: dict[str, Any], lane: LaneConfig) -> LaneConfig:
     """``lane`` with its geometry replaced by what a checkpoint's config.json says."""
     speculators = "speculators_model_type" in config
     backbone = config.get("transformer_layer_config", {}) if speculators else config
+    if not isinstance(backbone, dict):
+        raise CheckpointError("config.json: transformer_layer_config is not an object")
 
     def need(source: dict[str, Any], key: str) -> Any:
         if key not in source:
@@ -190,15 +192,15 @@ def load_checkpoint(directory: str | Path, lane: LaneConfig,
 
 def load_weights(lane: LaneConfig, path: str | Path, device: torch.device | str) -> Drafter:
     """A drafter of ``lane`` with the tensors of one safetensors file, checked key by key."""
-    with torch.device("meta"):
-        drafter = Drafter(lane).to(lane.torch_dtype)
-    expected = {name: tuple(t.shape) for name, t in drafter.state_dict().items()}
     try:
+        with torch.device("meta"):  # shapes only: absurd sizes fail here, allocating nothing
+            drafter = Drafter(lane).to(lane.torch_dtype)
+        expected = {name: tuple(t.shape) for name, t in drafter.state_dict().items()}
         with safe_open(str(path), framework="pt", device=str(device)) as f:
             found = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
             _check_keys(lane, expected, found)
             state = {name: f.get_tensor(name) for name in expected}
-    except (OSError, RuntimeError, SafetensorError) as err:  # missing, truncated, garbled
+    except (OSError, RuntimeError, ValueError, OverflowError, SafetensorError) as err:
         raise CheckpointError(f"{path}: {err}") from err
     state = {name: t if name == "d2t" else t.to(lane.torch_dtype) for name, t in state.items()}
     if lane.has_d2t:

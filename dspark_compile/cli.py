@@ -45,33 +45,34 @@ def timed(fn: Callable[[], T], device: torch.device) -> tuple[T, float]:
 
 def compare_paths(cfg: Config, runner: Runner) -> list[dict[str, object]]:
     """Seeded rounds through the host path, the eager device path and the artifact's
-    runtime; one row per path. All three see the batch padded to the runner's bucket."""
+    runtime; one row per path. All three run the runner's bucket-sized batch."""
     device, lane = runner.device, runner.lane
+    slots = [runner.admit() for _ in range(cfg.batch)]
     bucket = runner.bucket(cfg.batch)
     eager_cache, host_cache = (KVCache.allocate(lane, bucket, device) for _ in "eh")
     host = HostPath(runner.drafter)
     ms: dict[str, list[float]] = {"host": [], "eager": [], "runtime": []}
     identical = {"eager": True, "runtime": True}
     for inputs in synthetic_rounds(lane, cfg.batch, cfg.context, cfg.rounds, cfg.seed, device):
-        padded = runner.pad(inputs, bucket)
-        ref, t = timed(lambda: host.draft(host_cache, padded), device)
+        full, rows = runner.layout(inputs, slots)
+        ref, t = timed(lambda: host.draft(host_cache, full), device)
         ms["host"].append(t)
-        out, t = timed(lambda: draft(runner.drafter, eager_cache, padded), device)
+        out, t = timed(lambda: draft(runner.drafter, eager_cache, full), device)
         ms["eager"].append(t)
         identical["eager"] &= torch.equal(out.ids.cpu(), ref.ids)
         identical["eager"] &= torch.equal(out.confidences.cpu(), ref.confidences)
-        out, t = timed(lambda: runner.draft(inputs), device)
+        out, t = timed(lambda: runner.draft(inputs, slots), device)
         ms["runtime"].append(t)
-        identical["runtime"] &= torch.equal(out.ids.cpu(), ref.ids[:cfg.batch])
+        identical["runtime"] &= torch.equal(out.ids.cpu(), ref.ids[rows.cpu()])
     # round 0 carries the prompt; the rounds after it are the steady state
     steady = slice(1, None) if cfg.rounds > 1 else slice(None)
     device_bytes = cfg.batch * lane.k * (8 + 4)
     backend = runner.manifest["backend"]
-    rows = [("host", "host", "reference", ref.transfers.d2h_bytes),
-            ("eager", "device (eager)", identical["eager"], device_bytes),
-            ("runtime", f"runtime ({backend})", identical["runtime"], device_bytes)]
+    table = [("host", f"host ({bucket} rows)", "reference", ref.transfers.d2h_bytes),
+             ("eager", "device (eager)", identical["eager"], device_bytes),
+             ("runtime", f"runtime ({backend})", identical["runtime"], device_bytes)]
     return [dict(lane=lane.name, batch=cfg.batch, path=path, identical=same, d2h_bytes=size,
-                 ms=statistics.median(ms[key][steady])) for key, path, same, size in rows]
+                 ms=statistics.median(ms[key][steady])) for key, path, same, size in table]
 
 
 def print_table(rows: list[dict[str, object]]) -> None:

@@ -69,6 +69,31 @@ class LaneConfig:
         self.markov_head = MarkovHead(self.markov_head)
         self.layout = Layout(self.layout)
         self.target_layer_ids = list(self.target_layer_ids)
+        # types first: a lane can come from an untrusted config.json or manifest
+        def integer(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                     "intermediate_size", "target_vocab_size", "draft_vocab_size", "k",
+                     "markov_rank", "max_context", "max_batch"):
+            value = getattr(self, name)
+            if not integer(value) or value < 1:
+                raise ConfigError(f"lane {self.name!r}: {name}={value!r}, expected an "
+                                  "integer >= 1")
+        types = [("mask_token_id", integer(self.mask_token_id), "an integer"),
+                 ("target_layer_ids", all(integer(i) and i >= 0 for i in self.target_layer_ids),
+                  "non-negative integers"),
+                 ("sliding_window", self.sliding_window is None or integer(self.sliding_window),
+                  "an integer or null"),
+                 ("rope_theta", _positive_real(self.rope_theta), "a positive number"),
+                 ("rms_norm_eps", _positive_real(self.rms_norm_eps), "a positive number"),
+                 ("block_causal", isinstance(self.block_causal, bool), "true or false"),
+                 ("confidence_with_markov", isinstance(self.confidence_with_markov, bool),
+                  "true or false")]
+        for name, ok, allowed in types:
+            if not ok:
+                raise ConfigError(f"lane {self.name!r}: {name}={getattr(self, name)!r}, "
+                                  f"expected {allowed}")
         checks = [
             (self.dtype in DTYPES, "dtype", f"one of {sorted(DTYPES)}", self.dtype),
             (self.num_heads % self.num_kv_heads == 0, "num_heads",
@@ -77,14 +102,10 @@ class LaneConfig:
              f"[1, target_vocab_size={self.target_vocab_size}]", self.draft_vocab_size),
             (0 <= self.mask_token_id < self.target_vocab_size, "mask_token_id",
              f"[0, {self.target_vocab_size})", self.mask_token_id),
-            (self.k >= 1, "k", ">= 1", self.k),
-            (self.markov_rank >= 1, "markov_rank", ">= 1", self.markov_rank),
             (len(self.target_layer_ids) >= 1, "target_layer_ids", "at least one layer",
              self.target_layer_ids),
             (self.sliding_window is None or self.sliding_window >= 1, "sliding_window",
              ">= 1 or null", self.sliding_window),
-            (self.max_context >= 1 and self.max_batch >= 1, "max_context/max_batch", ">= 1",
-             (self.max_context, self.max_batch)),
         ]
         for ok, name, allowed, value in checks:
             if not ok:
@@ -118,6 +139,10 @@ class LaneConfig:
 
     def replace(self, **changes: Any) -> "LaneConfig":
         return dataclasses.replace(self, **changes)
+
+
+def _positive_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1e30
 
 
 def _plain(value: Any) -> Any:

@@ -71,6 +71,10 @@ class DraftOutput:
     confidences: Tensor  # [R, k] float32
     logits: Optional[Tensor] = None  # [R, k, V_draft] corrected logits, model dtype
 
+    def select(self, rows: Tensor) -> "DraftOutput":
+        return DraftOutput(*(None if t is None else t[rows]
+                             for t in (self.ids, self.confidences, self.logits)))
+
 
 def markov_loop(drafter: Drafter, h: Tensor, base_logits: Tensor, anchor: Tensor
                 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -134,9 +138,11 @@ def check_round(lane: LaneConfig, cache: KVCache, inputs: RoundInputs) -> None:
     for name, t in (("num_new", num_new), ("anchor", anchor), ("anchor_pos", anchor_pos)):
         _expect(name, t, (R,), torch.int64, device)
     max_context = slots - lane.block_rows - 1
-    a_lo, a_hi, n_lo, n_hi, start_lo, s_hi = torch.stack([
+    valid = torch.arange(N, device=device)[None, :, None] < num_new[:, None, None]
+    nonfinite = (valid & ~torch.isfinite(features)).sum()
+    a_lo, a_hi, n_lo, n_hi, start_lo, s_hi, bad = torch.stack([
         anchor.min(), anchor.max(), num_new.min(), num_new.max(),
-        (anchor_pos - num_new).min(), anchor_pos.max()]).tolist()
+        (anchor_pos - num_new).min(), anchor_pos.max(), nonfinite]).tolist()
     checks = [
         ("anchor", 0 <= a_lo and a_hi < lane.target_vocab_size, f"values in [{a_lo}, {a_hi}]",
          f"[0, {lane.target_vocab_size})"),
@@ -146,6 +152,8 @@ def check_round(lane: LaneConfig, cache: KVCache, inputs: RoundInputs) -> None:
          "anchor_pos >= num_new"),
         ("anchor_pos", s_hi <= max_context, f"up to {s_hi}",
          f"<= {max_context} (the cache's context capacity)"),
+        ("features", bad == 0, f"NaN or Inf in {bad} values of rows that num_new marks valid",
+         "finite values (padding rows may hold anything)"),
     ]
     for name, ok, found, allowed in checks:
         if not ok:

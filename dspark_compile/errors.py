@@ -28,3 +28,7 @@ class ArtifactError(DSparkError, RuntimeError):
 class MissingBackendError(DSparkError, ImportError):
     """A backend whose package is not installed; the message gives the install command."""
 
+
+
+class RunnerBusyError(DSparkError, RuntimeError):
+    """A Runner called from a second thread while a call is running."""

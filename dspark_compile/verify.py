@@ -1,7 +1,8 @@
 """Token identity of a loaded artifact against the host path, on seeded multi-round inputs.
 
-For each bucket b the runner drafts for b-1 requests (so a padded row is exercised; 1 for
-b = 1); the host path sees the same padded batch, so both run the same shapes.
+For each bucket b the runner drafts for b-1 requests where that still selects bucket b (so
+an inert row is exercised), else b; the host path sees the same bucket-sized batch, so both
+run the same shapes.
 """
 
 from __future__ import annotations
@@ -31,27 +32,32 @@ def verify_artifact(artifact_dir: str | Path, device: str = "cpu", rounds: int =
                               "device": device, "rounds": 0, "tokens_compared": 0,
                               "near_ties": 0, "confidence_tolerance": tolerance,
                               "first_mismatch": None}
+    smaller = 0
     for bucket in runner.buckets:
-        batch = max(1, bucket - 1)
+        batch, smaller = max(bucket - 1, smaller + 1), bucket
+        slots = [runner.admit() for _ in range(batch)]
         host_cache = KVCache.allocate(lane, bucket, device)
         for index, inputs in enumerate(synthetic_rounds(lane, batch, context, rounds,
                                                         seed + bucket, device)):
-            out = runner.draft(inputs)
-            ref = host.draft(host_cache, runner.pad(inputs, bucket))
-            ids, confidences = out.ids.cpu(), out.confidences.cpu()
+            out = runner.draft(inputs, slots)
+            full, rows = runner.layout(inputs, slots)
+            ref = host.draft(host_cache, full)
+            ids, confidences, rows = out.ids.cpu(), out.confidences.cpu(), rows.cpu()
             report["rounds"] += 1
             report["tokens_compared"] += ids.numel()
-            report["near_ties"] += int(ref.near_ties[:batch].sum())
-            same = (ids == ref.ids[:batch]) & (
-                (confidences - ref.confidences[:batch]).abs() <= tolerance)
+            report["near_ties"] += int(ref.near_ties[rows].sum())
+            same = (ids == ref.ids[rows]) & (
+                (confidences - ref.confidences[rows]).abs() <= tolerance)
             if report["identical"] and not bool(same.all()):
                 row, step = (int(i) for i in (~same).nonzero()[0])
                 report["identical"] = False
                 report["first_mismatch"] = {
                     "bucket": bucket, "round": index, "row": row, "step": step,
-                    "id": int(ids[row, step]), "host_id": int(ref.ids[row, step]),
+                    "id": int(ids[row, step]), "host_id": int(ref.ids[rows[row], step]),
                     "confidence": float(confidences[row, step]),
-                    "host_confidence": float(ref.confidences[row, step])}
+                    "host_confidence": float(ref.confidences[rows[row], step])}
+        for slot in slots:
+            runner.release(slot)
     return report
 
 

@@ -2,6 +2,8 @@ import json
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -135,3 +137,46 @@ def test_random_weights_are_seeded_and_made_on_the_device_in_the_lane_dtype(devi
         assert t.dtype == (torch.int64 if name == "d2t" else torch.bfloat16), name
     targets = torch.arange(lane.draft_vocab_size, device=device) + a.d2t
     assert torch.all(targets[1:] > targets[:-1]) and int(targets.max()) < 512
+
+
+class Files(dict):
+    def __repr__(self):  # hypothesis prints its arguments on failure: keep it short
+        return f"Files({sorted(self)})"
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pristine")
+    save_checkpoint(random_drafter(lane_config("tiny_d2t"), "cpu", seed=3), path, "speculators")
+    return Files({name: (path / name).read_bytes() for name in (CONFIG, WEIGHTS)})
+
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-10**12, 10**12)
+                           | st.floats(allow_nan=True) | st.text(max_size=8),
+                           lambda inner: st.lists(inner, max_size=3), max_leaves=6)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzzed_checkpoints_load_or_raise_checkpoint_error(pristine, tmp_path, data):
+    weights, config = pristine[WEIGHTS], json.loads(pristine[CONFIG])
+    damage = data.draw(st.sampled_from(["truncate", "flip", "field", "json"]))
+    if damage == "truncate":
+        weights = weights[:data.draw(st.integers(0, len(weights) - 1))]
+    elif damage == "flip":
+        at = data.draw(st.integers(0, min(len(weights) - 1, 4096)))  # header and first bytes
+        weights = weights[:at] + bytes([weights[at] ^ 0xFF]) + weights[at + 1:]
+    elif damage == "field":
+        key = data.draw(st.sampled_from(sorted(config)))
+        config[key] = data.draw(JSON_VALUES)
+    text = json.dumps(config)
+    if damage == "json":
+        text = text[:data.draw(st.integers(0, len(text) - 1))]
+    (tmp_path / WEIGHTS).write_bytes(weights)
+    (tmp_path / CONFIG).write_text(text)
+    try:
+        drafter = load_checkpoint(tmp_path, lane_config("tiny"), "cpu")
+    except CheckpointError:
+        return
+    assert drafter.fc.weight.device.type == "cpu"  # it loaded: a usable drafter

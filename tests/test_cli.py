@@ -27,7 +27,7 @@ def test_main_command_default_builds_verifies_and_prints_the_path_last(tmp_path)
     assert artifact.parent.name == "inductor" and (artifact / "manifest.json").is_file()
     header, rows = table(result.stdout)
     assert header == ["lane", "batch", "path", "identical", "d2h_bytes", "ms"]
-    assert [r[2] for r in rows] == ["host", "device (eager)", "runtime (inductor)"]
+    assert [r[2] for r in rows] == ["host (4 rows)", "device (eager)", "runtime (inductor)"]
     assert [r[3] for r in rows] == ["reference", "True", "True"]
     assert int(rows[1][4]) == 3 * 5 * 12  # batch x k x (int64 id + f32 confidence)
 

@@ -1,13 +1,19 @@
+import random
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from dspark_compile.draft import RoundInputs
-from dspark_compile.errors import InputError
+from dspark_compile.draft import KVCache, RoundInputs
+from dspark_compile.errors import InputError, RunnerBusyError
+from dspark_compile.reference import HostPath
 from dspark_compile.rounds import synthetic_rounds
-from dspark_compile.runtime import load_runner
+from dspark_compile.runtime import Runner, load_runner
 
 FRESH = """
 import sys
@@ -15,6 +21,11 @@ from dspark_compile import load_runner
 runner = load_runner(sys.argv[1], sys.argv[2])
 print(runner.buckets, "hydra" in sys.modules, "onnxruntime" in sys.modules)
 """
+
+
+@pytest.fixture
+def runner(built_artifact, device):
+    return load_runner(built_artifact("eager", "tiny"), device)
 
 
 def test_load_runner_in_a_fresh_process_imports_no_hydra(built_artifact, device):
@@ -25,21 +36,141 @@ def test_load_runner_in_a_fresh_process_imports_no_hydra(built_artifact, device)
     assert result.stdout.split() == ["[3]", "False", "False"]
 
 
-def test_batch_above_the_largest_bucket_is_an_error(built_artifact, device):
-    runner = load_runner(built_artifact("eager", "tiny"), device)
-    inputs = next(synthetic_rounds(runner.lane, 4, 16, 1, 0, device))
-    with pytest.raises(InputError, match=r"batch: 4 requests; allowed: \[1, 3\]"):
-        runner.draft(inputs)
+def test_admitting_past_the_largest_bucket_is_an_error(runner):
+    for _ in range(3):
+        runner.admit()
+    with pytest.raises(InputError, match=r"slots: all 3 rows in use"):
+        runner.admit()
 
 
-def test_padding_rows_do_not_change_the_real_rows(built_artifact, device):
-    """One request drafted alone in bucket 3 (two inert rows) equals the same request drafted
-    in a full batch of three, whatever the other two rows hold."""
+def test_unknown_or_repeated_slots_are_errors(runner, device):
+    a, b = runner.admit(), runner.admit()
+    inputs = next(synthetic_rounds(runner.lane, 2, 16, 1, 0, device))
+    with pytest.raises(InputError, match="slot: 7 is not admitted"):
+        runner.draft(inputs, [a, 7])
+    with pytest.raises(InputError, match="repeats a slot"):
+        runner.draft(inputs, [a, a])
+    with pytest.raises(InputError, match="2 rows for 1 slots"):
+        runner.draft(inputs, [b])
+    runner.release(b)
+    with pytest.raises(InputError, match=f"slot: {b} is not admitted"):
+        runner.release(b)
+
+
+def test_inert_rows_do_not_change_the_real_rows(built_artifact, device):
+    """A request drafted alone (two inert rows in bucket 3) equals the same request drafted
+    beside two others, whatever those hold."""
     alone = load_runner(built_artifact("eager", "tiny"), device)
-    full = load_runner(built_artifact("eager", "tiny"), device)
-    lane = alone.lane
-    for inputs in synthetic_rounds(lane, 3, 20, 3, 1, device):
+    crowded = load_runner(built_artifact("eager", "tiny"), device)
+    solo = [alone.admit()]
+    trio = [crowded.admit() for _ in range(3)]
+    for inputs in synthetic_rounds(alone.lane, 3, 20, 3, 1, device):
         first = RoundInputs(*(t[:1] for t in inputs.tensors()))
-        a, b = alone.draft(first), full.draft(inputs)
+        a, b = alone.draft(first, solo), crowded.draft(inputs, trio)
         assert torch.equal(a.ids, b.ids[:1])
         assert torch.equal(a.confidences, b.confidences[:1])
+
+
+def test_release_moves_the_last_row_into_the_hole_and_keeps_its_state(runner, device):
+    slots = [runner.admit() for _ in range(3)]
+    rounds = list(synthetic_rounds(runner.lane, 3, 20, 3, 2, device))
+    for inputs in rounds[:2]:
+        runner.draft(inputs, slots)
+    kept = runner.cache.k[runner.row_of(slots[2])].clone()
+    runner.release(slots[0])
+    assert runner.row_of(slots[2]) == 0 and runner.row_of(slots[1]) == 1
+    assert torch.equal(runner.cache.k[0], kept)
+
+
+def test_concurrent_calls_from_two_threads_are_refused(runner, device, monkeypatch):
+    """The threading contract: a second thread gets RunnerBusyError, never a mixed state."""
+    slot = runner.admit()
+    inputs = next(synthetic_rounds(runner.lane, 1, 16, 1, 0, device))
+    inside, release = threading.Event(), threading.Event()
+    run = Runner._run
+
+    def slow_run(self, full):
+        inside.set()
+        release.wait(10)
+        return run(self, full)
+    monkeypatch.setattr(Runner, "_run", slow_run)
+    first = threading.Thread(target=runner.draft, args=(inputs, [slot]))
+    first.start()
+    assert inside.wait(10)
+    with pytest.raises(RunnerBusyError, match="not thread-safe"):
+        runner.draft(inputs, [slot])
+    with pytest.raises(RunnerBusyError):
+        runner.admit()
+    release.set()
+    first.join()
+    runner.draft(inputs, [slot])  # free again once the first call is done
+
+
+def test_nan_in_valid_feature_rows_is_refused_and_padding_may_hold_anything(runner, device):
+    slot = runner.admit()
+    inputs = next(synthetic_rounds(runner.lane, 1, 16, 1, 0, device))
+    n = int(inputs.num_new[0])
+    poisoned = inputs.features.clone()
+    poisoned[0, n - 1, 3] = float("nan")
+    with pytest.raises(InputError, match="features: NaN or Inf"):
+        runner.draft(RoundInputs(poisoned, *inputs.tensors()[1:]), [slot])
+    padded = torch.cat([inputs.features, torch.full_like(inputs.features[:, :2], float("inf"))], 1)
+    runner.draft(RoundInputs(padded, *inputs.tensors()[1:]), [slot])
+
+
+RUNNERS = {}
+
+
+def shared_runner(artifact, device):
+    """One runner for every hypothesis example (building one per example is slow)."""
+    key = (str(artifact), device.type)
+    if key not in RUNNERS:
+        RUNNERS[key] = load_runner(artifact, device)
+    return RUNNERS[key]
+
+
+DTYPES = [torch.bfloat16, torch.float32, torch.int64]
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzzed_round_inputs_draft_or_raise_input_error(built_artifact, device, data):
+    runner = shared_runner(built_artifact("eager", "tiny"), device)
+    lane = runner.lane
+    while len(runner._rows) < 2:
+        runner.admit()
+    admitted = sorted(runner._rows)
+    R = data.draw(st.integers(0, 3))
+    N = data.draw(st.integers(0, 9))
+    width = data.draw(st.sampled_from([lane.feature_size, lane.feature_size + 1]))
+    dtype = data.draw(st.sampled_from(DTYPES))
+    ints = lambda lo, hi: torch.tensor(data.draw(st.lists(st.integers(lo, hi), min_size=R,  # noqa: E731
+                                                           max_size=R)), dtype=torch.long)
+    features = torch.randn(R, N, width).to(dtype)
+    num_new = ints(-1, N + 1)
+    anchor = ints(-2, lane.target_vocab_size + 1)
+    anchor_pos = ints(-1, runner.max_context + 2)
+    slots = data.draw(st.lists(st.sampled_from(admitted + [99]), min_size=R, max_size=R))
+    inputs = RoundInputs(*(t.to(device) for t in (features, num_new, anchor, anchor_pos)))
+    try:
+        out = runner.draft(inputs, slots)
+    except InputError:
+        return
+    assert out.ids.shape == (R, lane.k)
+    assert int(out.ids.min()) >= 0 and int(out.ids.max()) < lane.target_vocab_size
+
+
+def test_a_valid_call_after_invalid_ones_matches_the_host_path(built_artifact, device):
+    runner = load_runner(built_artifact("eager", "tiny"), device)
+    slots = [runner.admit() for _ in range(2)]
+    host, host_cache = HostPath(runner.drafter), KVCache.allocate(runner.lane, 3, device)
+    for inputs in synthetic_rounds(runner.lane, 2, 20, 4, 9, device):
+        with pytest.raises(InputError):  # out-of-range anchor, refused before any write
+            runner.draft(RoundInputs(inputs.features, inputs.num_new, inputs.anchor + 10**6,
+                                     inputs.anchor_pos), slots)
+        out = runner.draft(inputs, slots)
+        full, rows = runner.layout(inputs, slots)
+        ref = host.draft(host_cache, full)
+        assert torch.equal(out.ids.cpu(), ref.ids[rows.cpu()])
+        assert torch.equal(out.confidences.cpu(), ref.confidences[rows.cpu()])

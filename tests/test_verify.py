@@ -8,8 +8,8 @@ from dspark_compile.verify import verify_artifact
 def test_verify_reports_the_first_mismatch(built_artifact, device, monkeypatch):
     draft = Runner.draft
 
-    def off_by_one_at_step_2(self, inputs):
-        out = draft(self, inputs)
+    def off_by_one_at_step_2(self, inputs, slots):
+        out = draft(self, inputs, slots)
         out.ids[:, 2] += 1
         return out
     monkeypatch.setattr(Runner, "draft", off_by_one_at_step_2)
