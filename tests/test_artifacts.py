@@ -3,6 +3,8 @@ import re
 import shutil
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -125,3 +127,45 @@ def test_two_concurrent_builds_leave_one_valid_artifact(tmp_path, fresh_verify):
     assert siblings == [".2.lock", "2"]  # no temporary directories left behind
     code, report, stderr = fresh_verify(artifact, "device=cpu")
     assert code == 0 and report["identical"], stderr
+
+
+def test_builds_killed_midway_leave_nothing_loadable_and_the_next_build_succeeds(tmp_path):
+    for delay in (0.5, 2.0, 4.0):  # before, during and late in the onnx export
+        builder = subprocess.Popen([sys.executable, "-c", BUILD, str(tmp_path)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        time.sleep(delay)
+        builder.kill()
+        builder.wait()
+        for directory in tmp_path.glob("tiny-*/onnx/[!.]*"):
+            load_runner(directory, "cpu")  # whatever is visible is complete and loads
+    result = subprocess.run([sys.executable, "-c", BUILD, str(tmp_path)], capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    final = Path(result.stdout.splitlines()[-1].split()[0])
+    load_runner(final, "cpu")
+    leftovers = [p.name for p in final.parent.iterdir() if ".tmp-" in p.name]
+    assert leftovers == []  # the last build removed the dead builds' temporaries
+
+
+LOAD_AND_BUILD = BUILD + """
+from dspark_compile.runtime import load_runner
+from dspark_compile.rounds import synthetic_rounds
+runner = load_runner(path, "cpu")
+slot = runner.admit()
+runner.draft(next(synthetic_rounds(runner.lane, 1, 8, 1, 0, "cpu")), [slot])
+print("drafted")
+"""
+
+
+def test_four_processes_building_and_loading_two_keys_at_once(tmp_path):
+    scripts = [LOAD_AND_BUILD, LOAD_AND_BUILD.replace('"tiny"', '"tiny_d2t"')] * 2
+    workers = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for script in scripts]
+    outputs = [w.communicate(timeout=900) for w in workers]
+    assert all(w.returncode == 0 for w in workers), [err[-2000:] for _, err in outputs]
+    assert all(out.splitlines()[-1] == "drafted" for out, _ in outputs)
+    artifacts = sorted(p for p in tmp_path.glob("*/onnx/*") if not p.name.startswith("."))
+    assert [p.parent.parent.name.split("-")[0] for p in artifacts] == ["tiny", "tiny_d2t"]
+    for artifact in artifacts:
+        load_runner(artifact, "cpu")

@@ -1,3 +1,4 @@
+import os
 import random
 import subprocess
 import sys
@@ -174,3 +175,61 @@ def test_a_valid_call_after_invalid_ones_matches_the_host_path(built_artifact, d
         ref = host.draft(host_cache, full)
         assert torch.equal(out.ids.cpu(), ref.ids[rows.cpu()])
         assert torch.equal(out.confidences.cpu(), ref.confidences[rows.cpu()])
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def test_soak_ten_thousand_rounds_with_requests_coming_and_going(built_artifact, device):
+    """Random admits and releases, random subsets drafting: token-identical to the host
+    path on a shadow cache that mirrors every row move, and no growth in memory."""
+    runner = load_runner(built_artifact("eager", "tiny"), device)
+    lane, rng = runner.lane, random.Random(0)
+    gen = torch.Generator(device=device).manual_seed(0)
+    host = HostPath(runner.drafter)
+    shadow = KVCache.allocate(lane, runner.buckets[-1], device)
+    position: dict[int, int] = {}  # slot -> anchor position; absent until its prompt
+    admitted: list[int] = []
+    rounds, compared, baseline = 10_000, 0, None
+    for index in range(rounds):
+        if admitted and rng.random() < 0.08:
+            gone = admitted.pop(rng.randrange(len(admitted)))
+            before = {s: runner.row_of(s) for s in admitted}
+            runner.release(gone)
+            position.pop(gone, None)
+            for slot, row in before.items():  # mirror the runner's row moves
+                if runner.row_of(slot) != row:
+                    shadow.k[runner.row_of(slot)] = shadow.k[row]
+                    shadow.v[runner.row_of(slot)] = shadow.v[row]
+        if len(admitted) < runner.buckets[-1] and (not admitted or rng.random() < 0.1):
+            admitted.append(runner.admit())
+        drafting = rng.sample(admitted, rng.randint(1, len(admitted)))
+        if any(position.get(s, 0) > runner.max_context - lane.k - 1 for s in drafting):
+            for slot in drafting:  # a request that reached the context limit starts over
+                position.pop(slot, None)
+        new = [rng.randint(4, 12) if s not in position else rng.randint(1, lane.k + 1)
+               for s in drafting]
+        width = lane.k + 1 if all(s in position for s in drafting) else max(new)
+        for slot, n in zip(drafting, new):
+            position[slot] = position.get(slot, 0) + n
+        inputs = RoundInputs(
+            torch.randn(len(drafting), width, lane.feature_size, generator=gen, device=device,
+                        dtype=lane.torch_dtype),
+            torch.tensor(new, device=device),
+            torch.randint(0, lane.target_vocab_size, (len(drafting),), generator=gen,
+                          device=device),
+            torch.tensor([position[s] for s in drafting], device=device))
+        out = runner.draft(inputs, drafting)
+        full, rows = runner.layout(inputs, drafting)
+        bucket = full.features.shape[0]
+        ref = host.draft(KVCache(shadow.k[:bucket], shadow.v[:bucket]), full)
+        rows = rows.cpu()
+        assert torch.equal(out.ids.cpu(), ref.ids[rows]), f"round {index}"
+        assert torch.equal(out.confidences.cpu(), ref.confidences[rows]), f"round {index}"
+        compared += out.ids.numel()
+        if index == 500:
+            baseline = rss_mb()
+    assert compared >= rounds * lane.k
+    assert rss_mb() - baseline < 32, "memory grew over the soak"
