@@ -1,4 +1,4 @@
-"""Hydra entry points: ``dspark-compile`` and ``dspark-verify``."""
+"""Hydra entry points: ``dspark-compile``, ``dspark-verify`` and ``dspark-bench``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from dspark_compile.artifacts import build_artifact
 from dspark_compile.checkpoint import load_checkpoint, random_drafter
-from dspark_compile.config import CONF_DIR, Config, VerifyConfig, register_configs
+from dspark_compile.bench import run_bench, write
+from dspark_compile.config import (CONF_DIR, BenchConfig, Config, VerifyConfig,
+                                   register_configs)
 from dspark_compile.draft import KVCache, draft
 from dspark_compile.model import Drafter
 from dspark_compile.reference import HostPath
@@ -27,7 +29,7 @@ register_configs()
 T = TypeVar("T")
 
 
-def build_drafter(cfg: Config) -> Drafter:
+def build_drafter(cfg: Config | BenchConfig) -> Drafter:
     if cfg.checkpoint:
         return load_checkpoint(cfg.checkpoint, cfg.lane, cfg.device)
     return random_drafter(cfg.lane, cfg.device, cfg.seed)
@@ -118,3 +120,20 @@ def verify_main(cfg: DictConfig) -> None:
     print(json.dumps(report))
     if not report["identical"]:
         raise SystemExit(1)
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="bench", version_base="1.3")
+def bench_main(cfg: DictConfig) -> None:
+    config: BenchConfig = OmegaConf.to_object(cfg)
+    print(f"lane {config.lane.name}, backends {config.backends}, buckets {config.buckets}, "
+          f"context {config.context}, device {config.device}", flush=True)
+    result = run_bench(build_drafter(config), config.backends, config.buckets, config.context,
+                       config.artifacts_dir, config.repeats, config.warmup, config.seed)
+    bandwidth, matmul = result["ceilings"]["bandwidth"], result["ceilings"]["matmul"]
+    print(f"measured now: copy {bandwidth / 1e9:.1f} GB/s, matmul {matmul / 1e12:.2f} TFLOP/s")
+    print_table([{k: r[k] for k in ("lane", "batch", "path", "ms", "vs_host", "floor_ms",
+                                    "vs_floor", "d2h_bytes", "identical")}
+                 for r in result["rows"]])
+    stem = f"bench_{config.lane.name}_{result['env']['device_type']}"
+    for path in write(result, config.out_dir, stem):
+        print(path)

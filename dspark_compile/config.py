@@ -171,6 +171,23 @@ class Config:
 
 
 @dataclass
+class BenchConfig:
+    """One run of ``dspark-bench``: paths timed side by side at each batch bucket."""
+
+    lane: LaneConfig = MISSING
+    backends: list[str] = field(default_factory=lambda: ["eager"])
+    buckets: list[int] = field(default_factory=lambda: [1, 4])
+    context: int = 256  # tokens of context each request has when the timed round runs
+    device: str = "cpu"
+    checkpoint: Optional[str] = None
+    artifacts_dir: str = "artifacts"
+    out_dir: str = "bench/results"
+    repeats: int = 20
+    warmup: int = 3
+    seed: int = 0
+
+
+@dataclass
 class VerifyConfig:
     """One run of ``dspark-verify``: an artifact and the seeded rounds to check it on."""
 
@@ -198,3 +215,4 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="schema", node=Config)
     cs.store(name="verify_schema", node=VerifyConfig)
+    cs.store(name="bench_schema", node=BenchConfig)
