@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from dspark_compile.backends import get_backend
 from dspark_compile.draft import KVCache

@@ -47,5 +47,5 @@ def test_bench_command_prints_the_table_and_the_files(tmp_path):
          f"artifacts_dir={tmp_path / 'a'}"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[-2:] == [str(tmp_path / "bench_tiny_cpu.json"), str(tmp_path / "bench_tiny_cpu.png")]
+    assert lines[-2:] == [str(tmp_path / f"bench_tiny_cpu.{ext}") for ext in ("json", "png")]
     assert any(line.split()[:3] == ["tiny", "1", "host"] for line in lines)

@@ -3,7 +3,6 @@ import random
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 import torch
@@ -146,8 +145,10 @@ def test_fuzzed_round_inputs_draft_or_raise_input_error(built_artifact, device, 
     N = data.draw(st.integers(0, 9))
     width = data.draw(st.sampled_from([lane.feature_size, lane.feature_size + 1]))
     dtype = data.draw(st.sampled_from(DTYPES))
-    ints = lambda lo, hi: torch.tensor(data.draw(st.lists(st.integers(lo, hi), min_size=R,  # noqa: E731
-                                                           max_size=R)), dtype=torch.long)
+    def ints(lo: int, hi: int) -> torch.Tensor:
+        values = data.draw(st.lists(st.integers(lo, hi), min_size=R, max_size=R))
+        return torch.tensor(values, dtype=torch.long)
+
     features = torch.randn(R, N, width).to(dtype)
     num_new = ints(-1, N + 1)
     anchor = ints(-2, lane.target_vocab_size + 1)
