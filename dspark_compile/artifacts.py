@@ -3,7 +3,9 @@
 Layout: ``<root>/<lane>-<lanehash>/<backend>/<b1-b2-..>/`` holding ``manifest.json``, the
 drafter's ``weights.safetensors`` and the backend's payload. ``lanehash`` covers the lane
 config, the weights' sha256, the artifact format and the environment (torch, triton, CUDA,
-Python, device), so another environment never finds, and never loads, this one's code.
+Python, device, and a fingerprint of this package's draft-step source), so another
+environment or another version of the draft step never finds, and never loads, this one's
+code.
 """
 
 from __future__ import annotations
@@ -36,8 +38,19 @@ MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
 
 
+def code_fingerprint() -> str:
+    """sha256 of the source that defines what gets compiled: a change to the draft step's
+    arithmetic makes a new key, so an artifact of older code is never reused."""
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted([package / "config.py", package / "draft.py",
+                        *package.glob("model/*.py"), *package.glob("backends/*.py")]):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def environment(device: torch.device | str) -> dict[str, Any]:
-    """What compiled code depends on, for ``device``."""
+    """What compiled code depends on, for ``device``: versions, hardware, our own source."""
     device = torch.device(device)
     try:
         import triton
@@ -46,7 +59,7 @@ def environment(device: torch.device | str) -> dict[str, Any]:
         triton_version = None
     env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
                            "triton": triton_version, "cuda": torch.version.cuda,
-                           "device_type": device.type}
+                           "dspark_code": code_fingerprint(), "device_type": device.type}
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         env.update(gpu=torch.cuda.get_device_name(device), capability=f"{major}.{minor}")

@@ -80,6 +80,13 @@ def test_manifest_from_another_torch_version_is_refused(artifact):
         load_runner(artifact, "cpu")
 
 
+def test_artifact_of_other_draft_step_code_is_refused(artifact):
+    edit_manifest(artifact, lambda m: m["env"].update(dspark_code="0123456789abcdef"),
+                  rekey=True)
+    with pytest.raises(ArtifactError, match="dspark_code: artifact '0123456789abcdef'"):
+        load_runner(artifact, "cpu")
+
+
 def test_manifest_naming_a_file_outside_the_artifact_is_refused(artifact):
     edit_manifest(artifact, lambda m: m["files"].update({"../escape": "0" * 64}))
     with pytest.raises(ArtifactError, match="points outside the artifact"):
