@@ -116,7 +116,7 @@ def compile_main(cfg: DictConfig) -> None:
 def verify_main(cfg: DictConfig) -> None:
     config: VerifyConfig = OmegaConf.to_object(cfg)
     report = verify_artifact(config.artifact, config.device, config.rounds, config.context,
-                             config.seed)
+                             config.seed, config.temperature)
     print(json.dumps(report))
     if not report["identical"]:
         raise SystemExit(1)

@@ -196,6 +196,7 @@ class VerifyConfig:
     rounds: int = 4
     context: int = 24
     seed: int = 0
+    temperature: float = 0.0  # > 0: half the rows sample at this temperature
 
 
 def lane_config(name: str, **overrides: Any) -> LaneConfig:

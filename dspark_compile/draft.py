@@ -17,6 +17,7 @@ from dspark_compile.config import LaneConfig
 from dspark_compile.errors import InputError
 from dspark_compile.model import Drafter
 from dspark_compile.model.vocab import to_target
+from dspark_compile.rng import gumbel
 
 
 @dataclass
@@ -46,39 +47,63 @@ class KVCache:
 class RoundInputs:
     """What the target hands the drafter each round.
 
-    features:   ``[R, N, F]`` tapped target hidden states for positions s-n .. s-1 (rows
-                past ``num_new`` are padding; the first round carries the prompt)
-    num_new:    ``[R]`` int64, valid rows of ``features``
-    anchor:     ``[R]`` int64, the last token the target produced (target vocabulary)
-    anchor_pos: ``[R]`` int64, its position s
+    features:    ``[R, N, F]`` tapped target hidden states for positions s-n .. s-1 (rows
+                 past ``num_new`` are padding; the first round carries the prompt)
+    num_new:     ``[R]`` int64, valid rows of ``features``
+    anchor:      ``[R]`` int64, the last token the target produced (target vocabulary)
+    anchor_pos:  ``[R]`` int64, its position s
+    temperature: ``[R]`` float32, 0 drafts greedily (the default)
+    seed:        ``[R]`` int64 in [0, 2^32), keys the sampling noise (default 0)
     """
 
     features: Tensor
     num_new: Tensor
     anchor: Tensor
     anchor_pos: Tensor
+    temperature: Optional[Tensor] = None
+    seed: Optional[Tensor] = None
 
     def to(self, device: torch.device | str) -> "RoundInputs":
         return RoundInputs(*(t.to(device) for t in self.tensors()))
 
-    def tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        return self.features, self.num_new, self.anchor, self.anchor_pos
+    def tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """All six inputs, the defaults filled in."""
+        temperature, seed = self.temperature, self.seed
+        if temperature is None:
+            temperature = torch.zeros(self.anchor.shape, dtype=torch.float32,
+                                      device=self.anchor.device)
+        if seed is None:
+            seed = torch.zeros(self.anchor.shape, dtype=torch.long, device=self.anchor.device)
+        return self.features, self.num_new, self.anchor, self.anchor_pos, temperature, seed
 
 
 @dataclass
 class DraftOutput:
     ids: Tensor          # [R, k] int64, target vocabulary
     confidences: Tensor  # [R, k] float32
-    logits: Optional[Tensor] = None  # [R, k, V_draft] corrected logits, model dtype
+    probs: Optional[Tensor] = None  # [R, k, V_target] float32 draft distribution q
 
     def select(self, rows: Tensor) -> "DraftOutput":
         return DraftOutput(*(None if t is None else t[rows]
-                             for t in (self.ids, self.confidences, self.logits)))
+                             for t in (self.ids, self.confidences, self.probs)))
 
 
-def markov_loop(drafter: Drafter, h: Tensor, base_logits: Tensor, anchor: Tensor
+def sample(z: Tensor, temperature: Tensor, seed: Tensor, anchor_pos: Tensor, step: int
+           ) -> Tensor:
+    """Draft ids of one step: the first-index argmax of ``z`` where the temperature is 0,
+    else Gumbel-max, ``argmax(z / T + G)``, with counter-based noise. In float64, so no
+    backend's rounding of the noise can reorder two candidates."""
+    scores = z.double()
+    hot = temperature > 0
+    noise = gumbel(seed, anchor_pos, step, z.shape[-1])
+    scaled = scores / torch.where(hot, temperature, 1.0).double()[:, None] + noise
+    return torch.where(hot[:, None], scaled, scores).argmax(dim=-1)
+
+
+def markov_loop(drafter: Drafter, h: Tensor, base_logits: Tensor, anchor: Tensor,
+                temperature: Tensor, seed: Tensor, anchor_pos: Tensor
                 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Greedy Markov walk, unrolled: ids ``[R, k]``, ids fed to each step, corrected logits."""
+    """The Markov walk, unrolled: ids ``[R, k]``, ids fed to each step, corrected logits."""
     head = drafter.markov_head
     prev, state = anchor, head.initial_state(h)
     wide = torch.promote_types(base_logits.dtype, torch.float32)
@@ -89,41 +114,62 @@ def markov_loop(drafter: Drafter, h: Tensor, base_logits: Tensor, anchor: Tensor
         # the add into the bias GEMM, which would skip the rounding of the bias itself.
         z = (base_logits[:, step].to(wide) + bias.to(wide)).to(bias.dtype)
         prevs.append(prev)
-        prev = to_target(z.argmax(dim=-1), drafter.d2t)  # argmax: the lowest index wins ties
+        prev = to_target(sample(z, temperature, seed, anchor_pos, step), drafter.d2t)
         ids.append(prev)
         logits.append(z)
     return torch.stack(ids, 1), torch.stack(prevs, 1), torch.stack(logits, 1)
 
 
-class DraftStep(nn.Module):
-    """The module every backend compiles. Mutates the cache in place (the context append)."""
+def draft_probs(drafter: Drafter, logits: Tensor, ids: Tensor, temperature: Tensor) -> Tensor:
+    """q ``[R, k, V_target]``: ``softmax(z / T)`` laid out in the target vocabulary, or the
+    one-hot of the drafted token where T = 0 (greedy drafting is that distribution)."""
+    lane = drafter.lane
+    hot = (temperature > 0)[:, None, None]
+    q = torch.softmax(logits.float() / torch.where(hot, temperature[:, None, None], 1.0), -1)
+    R, k, V = q.shape
+    target = torch.zeros(R, k, lane.target_vocab_size, device=q.device)
+    draft_ids = torch.arange(V, device=q.device).expand(R, k, V)
+    target = target.scatter(2, to_target(draft_ids, drafter.d2t), q)
+    one_hot = torch.zeros_like(target).scatter(2, ids[..., None], 1.0)
+    return torch.where(hot, target, one_hot)
 
-    def __init__(self, drafter: Drafter, with_logits: bool = False):
+
+class DraftStep(nn.Module):
+    """The module every backend compiles. Mutates the cache in place (the context append).
+
+    Returns ``(ids, confidences)``, plus the draft distribution q when ``with_probs``.
+    """
+
+    def __init__(self, drafter: Drafter, with_probs: bool = False):
         super().__init__()
         self.drafter = drafter
-        self.with_logits = with_logits
+        self.with_probs = with_probs
 
     def forward(self, k_cache: Tensor, v_cache: Tensor, features: Tensor, num_new: Tensor,
-                anchor: Tensor, anchor_pos: Tensor) -> tuple[Tensor, ...]:
+                anchor: Tensor, anchor_pos: Tensor, temperature: Tensor, seed: Tensor
+                ) -> tuple[Tensor, ...]:
         d = self.drafter
         d.append_context(k_cache, v_cache, features, num_new, anchor_pos)
         h, base_logits = d(k_cache, v_cache, anchor, anchor_pos)
-        ids, prevs, logits = markov_loop(d, h, base_logits, anchor)
+        ids, prevs, logits = markov_loop(d, h, base_logits, anchor, temperature, seed,
+                                         anchor_pos)
         confidences = d.confidences(h, prevs)
-        return (ids, confidences, logits) if self.with_logits else (ids, confidences)
+        if self.with_probs:
+            return ids, confidences, draft_probs(d, logits, ids, temperature)
+        return ids, confidences
 
 
 @torch.no_grad()
 def draft(drafter: Drafter, cache: KVCache, inputs: RoundInputs,
-          with_logits: bool = False) -> DraftOutput:
+          with_probs: bool = False) -> DraftOutput:
     """One eager draft round on the device, after checking the inputs."""
     check_round(drafter.lane, cache, inputs)
-    return DraftOutput(*DraftStep(drafter, with_logits)(cache.k, cache.v, *inputs.tensors()))
+    return DraftOutput(*DraftStep(drafter, with_probs)(cache.k, cache.v, *inputs.tensors()))
 
 
 def check_round(lane: LaneConfig, cache: KVCache, inputs: RoundInputs) -> None:
     """Raise :class:`InputError` for any input the draft step cannot take (one host sync)."""
-    features, num_new, anchor, anchor_pos = inputs.tensors()
+    features, num_new, anchor, anchor_pos, temperature, seed = inputs.tensors()
     if not isinstance(features, Tensor) or features.dim() != 3 or features.shape[0] == 0:
         raise InputError("features", f"shape {tuple(getattr(features, 'shape', ()))}",
                          "[R, N, feature_size] with R >= 1")
@@ -135,14 +181,18 @@ def check_round(lane: LaneConfig, cache: KVCache, inputs: RoundInputs) -> None:
     if slots < lane.block_rows + 2:
         raise InputError("cache.k", f"{slots} slots", f">= {lane.block_rows + 2}")
     _expect("features", features, (R, N, lane.feature_size), lane.torch_dtype, device)
-    for name, t in (("num_new", num_new), ("anchor", anchor), ("anchor_pos", anchor_pos)):
+    for name, t in (("num_new", num_new), ("anchor", anchor), ("anchor_pos", anchor_pos),
+                    ("seed", seed)):
         _expect(name, t, (R,), torch.int64, device)
+    _expect("temperature", temperature, (R,), torch.float32, device)
     max_context = slots - lane.block_rows - 1
     valid = torch.arange(N, device=device)[None, :, None] < num_new[:, None, None]
     nonfinite = (valid & ~torch.isfinite(features)).sum()
-    a_lo, a_hi, n_lo, n_hi, start_lo, s_hi, bad = torch.stack([
+    hot = (temperature > 0) & torch.isfinite(temperature)
+    a_lo, a_hi, n_lo, n_hi, start_lo, s_hi, bad, t_bad, seed_lo, seed_hi = torch.stack([
         anchor.min(), anchor.max(), num_new.min(), num_new.max(),
-        (anchor_pos - num_new).min(), anchor_pos.max(), nonfinite]).tolist()
+        (anchor_pos - num_new).min(), anchor_pos.max(), nonfinite,
+        (~hot & (temperature != 0)).sum(), seed.min(), seed.max()]).tolist()
     checks = [
         ("anchor", 0 <= a_lo and a_hi < lane.target_vocab_size, f"values in [{a_lo}, {a_hi}]",
          f"[0, {lane.target_vocab_size})"),
@@ -154,6 +204,10 @@ def check_round(lane: LaneConfig, cache: KVCache, inputs: RoundInputs) -> None:
          f"<= {max_context} (the cache's context capacity)"),
         ("features", bad == 0, f"NaN or Inf in {bad} values of rows that num_new marks valid",
          "finite values (padding rows may hold anything)"),
+        ("temperature", t_bad == 0, f"{t_bad} negative, NaN or infinite values",
+         "0 (greedy) or a finite positive number"),
+        ("seed", 0 <= seed_lo and seed_hi < 1 << 32, f"values in [{seed_lo}, {seed_hi}]",
+         "[0, 2^32)"),
     ]
     for name, ok, found, allowed in checks:
         if not ok:

@@ -21,8 +21,14 @@ def context_needed(lane: LaneConfig, context: int, rounds: int) -> int:
 
 
 def synthetic_rounds(lane: LaneConfig, batch: int, context: int, rounds: int, seed: int,
-                     device: torch.device | str) -> Iterator[RoundInputs]:
+                     device: torch.device | str, temperature: float = 0.0
+                     ) -> Iterator[RoundInputs]:
+    """``temperature`` > 0 samples the odd rows at that temperature and keeps the even rows
+    greedy: a mixed batch."""
     gen = torch.Generator(device=device).manual_seed(seed)
+    temperatures = torch.tensor([temperature * (r % 2) for r in range(batch)],
+                                dtype=torch.float32, device=device)
+    sample_seeds = torch.randint(0, 1 << 32, (batch,), generator=gen, device=device)
 
     def ints(low: int, high: int) -> torch.Tensor:
         return torch.randint(low, high, (batch,), generator=gen, device=device)
@@ -38,4 +44,4 @@ def synthetic_rounds(lane: LaneConfig, batch: int, context: int, rounds: int, se
         features = torch.randn(batch, width, lane.feature_size, generator=gen, device=device,
                                dtype=lane.torch_dtype)
         anchor = ints(0, lane.target_vocab_size)
-        yield RoundInputs(features, num_new, anchor, anchor_pos)
+        yield RoundInputs(features, num_new, anchor, anchor_pos, temperatures, sample_seeds)

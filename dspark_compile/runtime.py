@@ -110,12 +110,14 @@ class Runner:
         rows = torch.tensor([self._row(s) for s in slots], dtype=torch.long,
                             device=self.device)
         bucket = self.bucket(len(self._rows))
-        features, num_new, anchor, anchor_pos = inputs.tensors()
+        features, num_new, anchor, anchor_pos, temperature, seed = inputs.tensors()
         full = RoundInputs(
             features.new_zeros(bucket, *features.shape[1:]).index_copy(0, rows, features),
             num_new.new_zeros(bucket).index_copy(0, rows, num_new),
             anchor.new_zeros(bucket).index_copy(0, rows, anchor),
-            anchor_pos.new_full((bucket,), self.max_context).index_copy(0, rows, anchor_pos))
+            anchor_pos.new_full((bucket,), self.max_context).index_copy(0, rows, anchor_pos),
+            temperature.new_zeros(bucket).index_copy(0, rows, temperature),
+            seed.new_zeros(bucket).index_copy(0, rows, seed))
         return full, rows
 
     @torch.no_grad()
@@ -145,13 +147,13 @@ class Runner:
     def _run(self, full: RoundInputs) -> DraftOutput:
         bucket = full.features.shape[0]
         k_cache, v_cache = self.cache.k[:bucket], self.cache.v[:bucket]
-        features, num_new, anchor, anchor_pos = full.tensors()
+        features, num_new, anchor, anchor_pos, temperature, seed = full.tensors()
         if features.shape[1] != self.lane.k + 1:  # prefill: append the prompt eagerly
             self.drafter.append_context(k_cache, v_cache, features, num_new, anchor_pos)
             features = features.new_zeros(bucket, self.lane.k + 1, features.shape[2])
             num_new = torch.zeros_like(num_new)
         ids, confidences = self.steps[bucket](k_cache, v_cache, features, num_new, anchor,
-                                              anchor_pos)[:2]
+                                              anchor_pos, temperature, seed)[:2]
         return DraftOutput(ids, confidences)
 
     @torch.no_grad()

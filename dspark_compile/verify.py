@@ -19,7 +19,9 @@ from dspark_compile.runtime import load_runner
 
 
 def verify_artifact(artifact_dir: str | Path, device: str = "cpu", rounds: int = 4,
-                    context: int = 24, seed: int = 0) -> dict[str, Any]:
+                    context: int = 24, seed: int = 0, temperature: float = 0.0
+                    ) -> dict[str, Any]:
+    """``temperature`` > 0 samples half the rows (see :func:`synthetic_rounds`)."""
     runner = load_runner(artifact_dir, device)
     lane = runner.lane
     host = HostPath(runner.drafter)
@@ -28,7 +30,8 @@ def verify_artifact(artifact_dir: str | Path, device: str = "cpu", rounds: int =
     tolerance = getattr(get_backend(runner.manifest["backend"]), "CONFIDENCE_TOLERANCE", 0.0)
     report: dict[str, Any] = {"identical": True, "artifact": str(artifact_dir),
                               "backend": runner.manifest["backend"], "lane": lane.name,
-                              "device": device, "rounds": 0, "tokens_compared": 0,
+                              "device": device, "temperature": temperature, "rounds": 0,
+                              "tokens_compared": 0,
                               "near_ties": 0, "confidence_tolerance": tolerance,
                               "first_mismatch": None}
     smaller = 0
@@ -37,7 +40,7 @@ def verify_artifact(artifact_dir: str | Path, device: str = "cpu", rounds: int =
         slots = [runner.admit() for _ in range(batch)]
         host_cache = KVCache.allocate(lane, bucket, device)
         for index, inputs in enumerate(synthetic_rounds(lane, batch, context, rounds,
-                                                        seed + bucket, device)):
+                                                        seed + bucket, device, temperature)):
             out = runner.draft(inputs, slots)
             full, rows = runner.layout(inputs, slots)
             ref = host.draft(host_cache, full)

@@ -19,7 +19,8 @@ def device() -> torch.device:
     return DEVICE
 
 
-def run_both_paths(drafter, batch: int, context: int, rounds: int, seed: int, step=None):
+def run_both_paths(drafter, batch: int, context: int, rounds: int, seed: int, step=None,
+                   temperature: float = 0.0):
     """Yield (device-path ids, confidences), host-path result, per seeded round.
 
     ``step(k_cache, v_cache, *inputs)`` is the device path; default: the eager draft step.
@@ -31,7 +32,7 @@ def run_both_paths(drafter, batch: int, context: int, rounds: int, seed: int, st
     host_cache = cache.clone()
     host = HostPath(drafter)
     with torch.no_grad():
-        for inputs in synthetic_rounds(lane, batch, context, rounds, seed, device):
+        for inputs in synthetic_rounds(lane, batch, context, rounds, seed, device, temperature):
             ids, confidences = step(cache.k, cache.v, *inputs.tensors())[:2]
             yield (ids, confidences), host.draft(host_cache, inputs)
 

@@ -24,12 +24,31 @@ def assert_identical(rounds) -> int:
 @pytest.mark.parametrize("layout", ["anchor_first", "one_plus_k"])
 @pytest.mark.parametrize("batch", [1, 3, 8])
 @pytest.mark.parametrize("context", [6, 300])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_device_path_matches_host_path(both_paths, device, lane_name, head, layout, batch,
-                                       context):
+                                       context, temperature):
+    """temperature 1.0: odd rows sample (Gumbel-max), even rows stay greedy."""
     lane = lane_config(lane_name, markov_head=head, layout=layout)
     drafter = random_drafter(lane, device, seed=batch + context)
-    compared = assert_identical(both_paths(drafter, batch, context, ROUNDS, seed=7))
+    compared = assert_identical(both_paths(drafter, batch, context, ROUNDS, seed=7,
+                                           temperature=temperature))
     assert compared == ROUNDS * batch * lane.k
+
+
+def test_greedy_rows_of_a_mixed_batch_stay_greedy_and_hot_rows_sample(device):
+    lane = lane_config("tiny_d2t")
+    drafter = random_drafter(lane, device, seed=2)
+    caches = [KVCache.allocate(lane, 4, device, 128) for _ in range(3)]
+    changed = 0
+    for greedy, mixed, reseeded in zip(*(synthetic_rounds(lane, 4, 20, 4, 1, device, t)
+                                         for t in (0.0, 1.5, 1.5))):
+        reseeded = RoundInputs(*reseeded.tensors()[:5], reseeded.seed + 1)
+        outs = [draft(drafter, cache, inputs)
+                for cache, inputs in zip(caches, (greedy, mixed, reseeded))]
+        assert torch.equal(outs[1].ids[0::2], outs[0].ids[0::2])  # T = 0 rows: greedy
+        assert torch.equal(outs[2].ids[0::2], outs[0].ids[0::2])
+        changed += int((outs[1].ids[1::2] != outs[2].ids[1::2]).sum())
+    assert changed > 0  # hot rows depend on the seed
 
 
 @pytest.mark.parametrize("lane_name", ["tiny", "tiny_d2t"])
@@ -48,19 +67,26 @@ def test_draft_step_compiles_without_graph_breaks(both_paths, device, lane_name)
     # fullgraph=True raises on any graph break; aot_eager traces through AOTAutograd
     # (functionalisation of the cache writes included) without Inductor's code generation
     step = torch.compile(DraftStep(drafter), fullgraph=True, dynamic=False, backend="aot_eager")
-    assert_identical(both_paths(drafter, 3, 20, 3, seed=2, step=step))
+    assert_identical(both_paths(drafter, 3, 20, 3, seed=2, step=step, temperature=1.0))
 
 
-def test_logits_on_request_are_the_corrected_logits(device):
+def test_probs_on_request_are_the_draft_distribution_in_the_target_vocabulary(device):
     lane = lane_config("tiny_d2t")
     drafter = random_drafter(lane, device, seed=4)
     cache = KVCache.allocate(lane, 2, device, 64)
     inputs = next(synthetic_rounds(lane, 2, 16, 1, 0, device))
-    out = draft(drafter, cache, inputs, with_logits=True)
-    assert out.logits.shape == (2, lane.k, lane.draft_vocab_size)
-    assert out.logits.dtype == lane.torch_dtype
-    drafted = out.logits.argmax(-1)
-    assert torch.equal(out.ids, drafted + drafter.d2t[drafted])
+    temperature = torch.tensor([0.0, 0.7], device=device)
+    out = draft(drafter, cache, RoundInputs(*inputs.tensors()[:4], temperature), with_probs=True)
+    q = out.probs
+    assert q.shape == (2, lane.k, lane.target_vocab_size) and q.dtype == torch.float32
+    torch.testing.assert_close(q.sum(-1), torch.ones(2, lane.k, device=device))
+    covered = torch.arange(lane.draft_vocab_size, device=device) + drafter.d2t
+    outside = torch.ones(lane.target_vocab_size, dtype=torch.bool, device=device)
+    outside[covered] = False
+    assert float(q[..., outside].abs().max()) == 0.0  # mass only on the draft vocabulary
+    assert torch.equal(q[0].argmax(-1), out.ids[0])  # greedy row: one-hot on its token
+    assert float(q[0].max(-1).values.min()) == 1.0
+    assert float(q[1].max(-1).values.max()) < 1.0  # sampled row: a spread distribution
 
 
 class TestBadInputs:

@@ -43,7 +43,10 @@ def example_inputs(lane: LaneConfig, batch: int, device: torch.device
     features = torch.zeros(batch, lane.k + 1, lane.feature_size, dtype=lane.torch_dtype,
                            device=device)
     zeros = torch.zeros(batch, dtype=torch.long, device=device)
-    return cache.k, cache.v, features, zeros, zeros.clone(), zeros.clone()
+    # a hot temperature, so tracing sees the sampling branch as data, not as a constant
+    temperature = torch.ones(batch, dtype=torch.float32, device=device)
+    return (cache.k, cache.v, features, zeros, zeros.clone(), zeros.clone(), temperature,
+            zeros.clone())
 
 
 class FunctionalDraftStep(nn.Module):

@@ -20,7 +20,8 @@ DTYPE = "float32"
 # onnxruntime's fp32 GEMMs sum in another order than torch's: hidden states, and so the
 # confidences, differ in the last bits. Ids are still compared exactly.
 CONFIDENCE_TOLERANCE = 1e-6
-INPUTS = ["k_cache", "v_cache", "features", "num_new", "anchor", "anchor_pos"]
+INPUTS = ["k_cache", "v_cache", "features", "num_new", "anchor", "anchor_pos", "temperature",
+          "seed"]
 OUTPUTS = ["ids", "confidences", "k_cache_out", "v_cache_out"]
 
 

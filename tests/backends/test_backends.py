@@ -17,11 +17,14 @@ HAS_TENSORRT = importlib.util.find_spec("torch_tensorrt") is not None
 
 @pytest.mark.parametrize("lane_name", ["tiny", "tiny_d2t"])
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_artifact_is_token_identical_in_a_fresh_process(built_artifact, fresh_verify, device,
-                                                        backend, lane_name):
+                                                        backend, lane_name, temperature):
+    """temperature 1.0: half the rows sample, with the counter-based noise."""
     if device.type not in getattr(get_backend(backend), "DEVICES", ("cpu", "cuda")):
         pytest.skip(f"{backend} does not run on {device.type}")
-    code, report, stderr = fresh_verify(built_artifact(backend, lane_name))
+    code, report, stderr = fresh_verify(built_artifact(backend, lane_name),
+                                        f"temperature={temperature}")
     assert code == 0, stderr
     assert report["identical"] and report["first_mismatch"] is None
     assert report["backend"] == backend and report["lane"] == lane_name

@@ -88,8 +88,8 @@ def test_cached_draft_step_matches_full_recompute(lane_name, changes):
                                                    int(inputs.anchor[r]), s)
                 torch.testing.assert_close(h[r], h_ref, rtol=1e-9, atol=1e-9)
                 torch.testing.assert_close(logits[r], logits_ref, rtol=1e-9, atol=1e-9)
-                ids, _, _ = markov_loop(drafter, h_ref[None], logits_ref[None],
-                                        inputs.anchor[r:r + 1])
-                cached_ids, _, _ = markov_loop(drafter, h[r:r + 1], logits[r:r + 1],
-                                               inputs.anchor[r:r + 1])
+                greedy = (inputs.anchor[r:r + 1], torch.zeros(1), torch.zeros(1, dtype=torch.long),
+                          inputs.anchor_pos[r:r + 1])
+                ids, _, _ = markov_loop(drafter, h_ref[None], logits_ref[None], *greedy)
+                cached_ids, _, _ = markov_loop(drafter, h[r:r + 1], logits[r:r + 1], *greedy)
                 assert torch.equal(cached_ids, ids)
