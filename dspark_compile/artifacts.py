@@ -97,22 +97,24 @@ class ArtifactKey:
     backend: str
     buckets: tuple[int, ...]
     env: dict[str, Any]
+    with_probs: bool = False  # the step also returns the draft distribution q
 
     def digest(self) -> str:
         return _digest([FORMAT_VERSION, self.lane, self.weights_sha256, self.backend,
-                        list(self.buckets), self.env])
+                        list(self.buckets), self.env, self.with_probs])
 
     def directory(self, root: Path) -> Path:
         lane_hash = _digest([FORMAT_VERSION, self.lane, self.weights_sha256, self.env])[:12]
-        return (Path(root) / f"{self.lane['name']}-{lane_hash}" / self.backend
+        backend = self.backend + ("-probs" if self.with_probs else "")
+        return (Path(root) / f"{self.lane['name']}-{lane_hash}" / backend
                 / "-".join(map(str, self.buckets)))
 
 
 def build_artifact(drafter: Drafter, backend_name: str, buckets: list[int],
-                   root: str | Path) -> tuple[Path, bool]:
+                   root: str | Path, with_probs: bool = False) -> tuple[Path, bool]:
     """Compile ``drafter``'s draft step with one backend for these batch buckets, or reuse
     the artifact already built for the same key. Returns its directory and whether it was
-    built."""
+    built. ``with_probs``: the step also returns q, for rejection sampling."""
     backend = get_backend(backend_name)
     device = drafter.fc.weight.device
     devices = getattr(backend, "DEVICES", ("cpu", "cuda"))
@@ -128,12 +130,12 @@ def build_artifact(drafter: Drafter, backend_name: str, buckets: list[int],
                           f"{lane.max_batch}]")
     weights = drafter.state_dict()
     key = ArtifactKey(lane.to_dict(), tensors_sha256(weights), backend_name, tuple(buckets),
-                      environment(device))
+                      environment(device), with_probs)
 
     def write(tmp: Path) -> None:
         save_weights(weights, tmp)
         examples = {b: example_inputs(lane, b, device) for b in buckets}
-        backend.compile(DraftStep(drafter), examples, tmp)
+        backend.compile(DraftStep(drafter, with_probs), examples, tmp)
 
     return build_or_reuse(key, Path(root), write)
 
@@ -165,7 +167,8 @@ def build_or_reuse(key: ArtifactKey, root: Path,
             files = {p.name: file_sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
             manifest = {"format_version": FORMAT_VERSION, "key": key.digest(), "lane": key.lane,
                         "weights_sha256": key.weights_sha256, "backend": key.backend,
-                        "buckets": list(key.buckets), "dtype": key.lane["dtype"],
+                        "buckets": list(key.buckets), "with_probs": key.with_probs,
+                        "dtype": key.lane["dtype"],
                         "k": key.lane["k"], "env": key.env, "files": files,
                         "build_seconds": round(time.perf_counter() - start, 3)}
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -202,7 +205,7 @@ def read_manifest(directory: Path, env: dict[str, Any]) -> dict[str, Any]:
         raise ArtifactError(f"{directory} was built in another environment; rebuild it "
                             f"here. Differs: {'; '.join(differs)}")
     key = ArtifactKey(manifest["lane"], manifest["weights_sha256"], manifest["backend"],
-                      tuple(manifest["buckets"]), manifest["env"])
+                      tuple(manifest["buckets"]), manifest["env"], manifest["with_probs"])
     if key.digest() != manifest["key"]:
         raise ArtifactError(f"{path}: the manifest does not match its key: it was edited or "
                             "damaged; rebuild the artifact")
@@ -219,8 +222,9 @@ def read_manifest(directory: Path, env: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
-_SCHEMA = {"format_version": int, "key": str, "lane": dict, "weights_sha256": str, "backend": str,
-           "buckets": list, "dtype": str, "k": int, "env": dict, "files": dict}
+_SCHEMA = {"format_version": int, "key": str, "lane": dict, "weights_sha256": str,
+           "backend": str, "buckets": list, "with_probs": bool, "dtype": str, "k": int,
+           "env": dict, "files": dict}
 
 
 def _check_schema(manifest: Any, path: Path) -> None:

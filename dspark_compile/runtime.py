@@ -152,9 +152,8 @@ class Runner:
             self.drafter.append_context(k_cache, v_cache, features, num_new, anchor_pos)
             features = features.new_zeros(bucket, self.lane.k + 1, features.shape[2])
             num_new = torch.zeros_like(num_new)
-        ids, confidences = self.steps[bucket](k_cache, v_cache, features, num_new, anchor,
-                                              anchor_pos, temperature, seed)[:2]
-        return DraftOutput(ids, confidences)
+        return DraftOutput(*self.steps[bucket](k_cache, v_cache, features, num_new, anchor,
+                                               anchor_pos, temperature, seed))
 
     @torch.no_grad()
     def warm_up(self) -> None:
@@ -180,8 +179,8 @@ def load_runner(artifact_dir: str | Path, device: torch.device | str = "cpu") ->
     except (TypeError, ValueError) as err:
         raise ArtifactError(f"{directory}: the manifest's lane is not valid: {err}") from err
     drafter = load_weights(lane, directory / WEIGHTS, device)
-    steps = get_backend(manifest["backend"]).load(directory, DraftStep(drafter),
-                                                  manifest["buckets"])
+    steps = get_backend(manifest["backend"]).load(
+        directory, DraftStep(drafter, manifest["with_probs"]), manifest["buckets"])
     runner = Runner(manifest, drafter, steps, device)
     runner.warm_up()
     return runner

@@ -30,7 +30,7 @@ def edit_manifest(path, change, rekey=False):
     if rekey:  # what a genuine build elsewhere would have written
         manifest["key"] = ArtifactKey(manifest["lane"], manifest["weights_sha256"],
                                       manifest["backend"], tuple(manifest["buckets"]),
-                                      manifest["env"]).digest()
+                                      manifest["env"], manifest["with_probs"]).digest()
     (path / MANIFEST).write_text(json.dumps(manifest))
 
 

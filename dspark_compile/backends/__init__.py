@@ -59,5 +59,4 @@ class FunctionalDraftStep(nn.Module):
 
     def forward(self, k_cache: Tensor, v_cache: Tensor, *inputs: Tensor) -> tuple[Tensor, ...]:
         k_cache, v_cache = k_cache.clone(), v_cache.clone()
-        ids, confidences = self.step(k_cache, v_cache, *inputs)
-        return ids, confidences, k_cache, v_cache
+        return (*self.step(k_cache, v_cache, *inputs), k_cache, v_cache)

@@ -22,7 +22,11 @@ DTYPE = "float32"
 CONFIDENCE_TOLERANCE = 1e-6
 INPUTS = ["k_cache", "v_cache", "features", "num_new", "anchor", "anchor_pos", "temperature",
           "seed"]
-OUTPUTS = ["ids", "confidences", "k_cache_out", "v_cache_out"]
+
+
+def _outputs(step: DraftStep) -> list[str]:
+    return ["ids", "confidences", *(["probs"] if step.with_probs else []), "k_cache_out",
+            "v_cache_out"]
 
 
 def _model(out_dir: Path, bucket: int) -> Path:
@@ -42,7 +46,7 @@ def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: P
     for bucket, example in examples.items():
         with torch.no_grad():
             program = torch.onnx.export(FunctionalDraftStep(step), example, dynamo=True,
-                                        input_names=INPUTS, output_names=OUTPUTS)
+                                        input_names=INPUTS, output_names=_outputs(step))
         program.save(str(_model(out_dir, bucket)))
         model = onnx.load(str(_model(out_dir, bucket)))
         onnx.checker.check_model(model)
@@ -62,9 +66,9 @@ def load(out_dir: Path, step: DraftStep, buckets: list[int]) -> dict[int, Callab
 
         def run(k_cache: Tensor, v_cache: Tensor, *inputs: Tensor, session=session):
             feeds = {name: t.numpy() for name, t in zip(INPUTS, (k_cache, v_cache, *inputs))}
-            ids, confidences, k_out, v_out = session.run(OUTPUTS, feeds)
+            *outputs, k_out, v_out = session.run(_outputs(step), feeds)
             k_cache.copy_(torch.from_numpy(k_out))
             v_cache.copy_(torch.from_numpy(v_out))
-            return torch.from_numpy(ids), torch.from_numpy(confidences)
+            return tuple(torch.from_numpy(t) for t in outputs)
         runners[bucket] = run
     return runners

@@ -52,9 +52,9 @@ def load(out_dir: Path, step: DraftStep, buckets: list[int]) -> dict[int, Callab
         module = trt.load(str(_program(out_dir, bucket))).module()
 
         def run(k_cache: Tensor, v_cache: Tensor, *inputs: Tensor, module=module):
-            ids, confidences, k_out, v_out = module(k_cache, v_cache, *inputs)
+            *outputs, k_out, v_out = module(k_cache, v_cache, *inputs)
             k_cache.copy_(k_out)
             v_cache.copy_(v_out)
-            return ids, confidences
+            return tuple(outputs)
         runners[bucket] = run
     return runners
