@@ -154,7 +154,7 @@ def run_bench(drafter: Drafter, backends: list[str], buckets: list[int], context
             if r["batch"] == batch:
                 r["vs_host"] = round(host_ms / r["ms"], 2)
         for _, runner in runners.values():
-            for slot in list(runner._rows):
+            for slot in runner.slots:
                 runner.release(slot)
     steps.close()
     return dict(lane=lane.to_dict(), context=context, repeats=repeats, warmup=warmup,

@@ -89,6 +89,11 @@ class Runner:
                 self.cache.v[row] = self.cache.v[last]
                 self._rows[moved] = row
 
+    @property
+    def slots(self) -> list[int]:
+        """The admitted slots."""
+        return sorted(self._rows)
+
     def row_of(self, slot: int) -> int:
         return self._row(slot)
 

@@ -138,9 +138,9 @@ DTYPES = [torch.bfloat16, torch.float32, torch.int64]
 def test_fuzzed_round_inputs_draft_or_raise_input_error(built_artifact, device, data):
     runner = shared_runner(built_artifact("eager", "tiny"), device)
     lane = runner.lane
-    while len(runner._rows) < 2:
+    while len(runner.slots) < 2:
         runner.admit()
-    admitted = sorted(runner._rows)
+    admitted = runner.slots
     R = data.draw(st.integers(0, 3))
     N = data.draw(st.integers(0, 9))
     width = data.draw(st.sampled_from([lane.feature_size, lane.feature_size + 1]))
