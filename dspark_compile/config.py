@@ -129,11 +129,6 @@ class LaneConfig:
         """Width of one context feature row: the tapped target layers concatenated."""
         return len(self.target_layer_ids) * self.hidden_size
 
-    @property
-    def cache_slots(self) -> int:
-        """KV slots per request: the context, the block's scratch rows, one trash slot."""
-        return self.max_context + self.block_rows + 1
-
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 

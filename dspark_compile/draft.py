@@ -34,6 +34,7 @@ class KVCache:
     @classmethod
     def allocate(cls, lane: LaneConfig, batch: int, device: torch.device | str,
                  max_context: Optional[int] = None) -> "KVCache":
+        # the context, the block's scratch rows, one trash slot for padding rows
         slots = (max_context or lane.max_context) + lane.block_rows + 1
         shape = (batch, lane.num_layers, lane.num_kv_heads, slots, lane.head_dim)
         # zeros, not empty: masked slots still enter the attention product, so no NaN there
@@ -62,9 +63,6 @@ class RoundInputs:
     anchor_pos: Tensor
     temperature: Optional[Tensor] = None
     seed: Optional[Tensor] = None
-
-    def to(self, device: torch.device | str) -> "RoundInputs":
-        return RoundInputs(*(t.to(device) for t in self.tensors()))
 
     def tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         """All six inputs, the defaults filled in."""
