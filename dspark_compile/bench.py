@@ -54,6 +54,24 @@ def time_ms(fn: Callable[[], object], device: torch.device, repeats: int, warmup
     return statistics.median(times)
 
 
+KERNEL_LAUNCHES = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel",
+                   "cuLaunchKernelEx"}
+
+
+def launches(fn: Callable[[], object], device: torch.device) -> tuple[int, int]:
+    """(CUDA graph launches, single kernel launches) of one call of ``fn``, as the profiler
+    records the CUDA runtime calls; (0, 0) off the GPU."""
+    if device.type != "cuda":
+        return 0, 0
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize(device)
+    names = [event.name for event in prof.events()]
+    return names.count("cudaGraphLaunch"), sum(name in KERNEL_LAUNCHES for name in names)
+
+
 def measure_ceilings(device: torch.device, dtype: torch.dtype) -> Ceilings:
     big = (1 << 28) if device.type == "cuda" else (1 << 24)  # elements of a copy
     src = torch.ones(big, dtype=torch.float32, device=device)
@@ -144,9 +162,11 @@ def run_bench(drafter: Drafter, backends: list[str], buckets: list[int], context
             out = fn()
             identical = torch.equal(out.ids.cpu(), reference.ids)
             d2h = reference.transfers.d2h_bytes if name == "host" else batch * lane.k * 12
+            graphs, kernels = launches(fn, device)  # after timing: the profiler costs time
             rows.append(dict(lane=lane.name, batch=batch, path=name, ms=round(ms, 4),
                              vs_host=None, vs_floor=round(ms / floor.ms, 2),
-                             identical=identical, d2h_bytes=d2h, floor_ms=round(floor.ms, 4),
+                             identical=identical, d2h_bytes=d2h, graphs=graphs,
+                             kernels=kernels, floor_ms=round(floor.ms, 4),
                              floor_bytes=floor.bytes, floor_flops=floor.flops))
             steps.update()
         host_ms = next(r["ms"] for r in rows if r["batch"] == batch and r["path"] == "host")
@@ -197,3 +217,9 @@ def write(result: dict, out_dir: str | Path, stem: str) -> tuple[Path, Path]:
     json_path.write_text(json.dumps(result, indent=2) + "\n")
     plot(result, png_path)
     return json_path, png_path
+
+
+if __name__ == "__main__":
+    from dspark_compile.cli import bench_main
+
+    bench_main()

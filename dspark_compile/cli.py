@@ -132,7 +132,8 @@ def bench_main(cfg: DictConfig) -> None:
     bandwidth, matmul = result["ceilings"]["bandwidth"], result["ceilings"]["matmul"]
     print(f"measured now: copy {bandwidth / 1e9:.1f} GB/s, matmul {matmul / 1e12:.2f} TFLOP/s")
     print_table([{k: r[k] for k in ("lane", "batch", "path", "ms", "vs_host", "floor_ms",
-                                    "vs_floor", "d2h_bytes", "identical")}
+                                    "vs_floor", "d2h_bytes", "graphs", "kernels",
+                                    "identical")}
                  for r in result["rows"]])
     stem = f"bench_{config.lane.name}_{result['env']['device_type']}"
     for path in write(result, config.out_dir, stem):

@@ -69,14 +69,15 @@ def generate(target: torch.nn.Module, runner: Runner, prompt: list[int], max_new
                                  torch.tensor([temperature], dtype=torch.float32, device=device),
                                  seeds)
             out = runner.draft(inputs, [slot])
-            logits, features = target_pass(target, torch.cat([tokens, out.ids[0]]), taps)
+            drafted = out.ids.to(device)  # the runner hands ids to the host
+            logits, features = target_pass(target, torch.cat([tokens, drafted[0]]), taps)
             block = logits[anchor_pos:anchor_pos + lane.k + 1]  # predicts s+1 .. s+k+1
             position = torch.tensor([anchor_pos], device=device)
             if temperature > 0:
                 p = torch.softmax(block / temperature, dim=-1)[None]
-                accepted, emitted = verify_sampling(out.ids, out.probs, p, seeds, position)
+                accepted, emitted = verify_sampling(drafted, out.probs, p, seeds, position)
             else:
-                accepted, emitted = verify_greedy(out.ids, block.argmax(-1)[None])
+                accepted, emitted = verify_greedy(drafted, block.argmax(-1)[None])
             a = int(accepted[0])
             result.accepted.append(a)
             tokens = torch.cat([tokens, emitted[0, :a + 1]])

@@ -9,7 +9,7 @@ import bisect
 import contextlib
 import threading
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -23,6 +23,36 @@ from dspark_compile.errors import ArtifactError, InputError, RunnerBusyError
 from dspark_compile.model import Drafter
 
 
+def bind(step: Callable, args: tuple[Tensor, ...], capture: bool,
+         pool: Optional[tuple[int, int]] = None) -> Callable[[], tuple[Tensor, ...]]:
+    """``step`` on fixed buffers ``args``, as a call with no arguments that runs it on
+    whatever the buffers hold now.
+
+    It runs ``step`` three times first: lazy initialisation (cuBLAS handles, workspaces)
+    happens here, and a reduce-overhead step has recorded its own CUDA graph by its third
+    call. With ``capture`` the call is then recorded as one CUDA graph, and each call
+    replays it and returns the same output tensors. The buffers must hold an inert round.
+    """
+    if not capture:
+        for _ in range(3):
+            step(*args)
+        return lambda: step(*args)
+    side = torch.cuda.Stream()  # warm up off the default stream, as graph capture wants
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = step(*args)
+
+    def replay() -> tuple[Tensor, ...]:
+        graph.replay()
+        return outputs
+    return replay
+
+
 class Runner:
     """Drafts with one artifact, for requests that come and go.
 
@@ -34,9 +64,13 @@ class Runner:
     take no part in a round are inert: no new context, and an anchor at the context
     capacity, so their block K/V land in scratch slots only and their outputs are dropped.
 
-    A round whose features have k+1 rows is one call of the compiled step; any other width
-    (a prompt) is first appended eagerly (prefill), then the compiled step runs with no new
-    rows.
+    Each bucket's step is bound to fixed buffers (the first rows of the cache and six
+    input tensors): a round copies its inputs in and, on a GPU, replays one CUDA graph
+    (captured here around an eager or AOTInductor step, or the reduce-overhead graph the
+    ``inductor`` step records itself). Only ids and confidences come back to the host,
+    through pinned buffers; the tensors ``draft`` returns are the caller's to keep.
+    A round whose features do not have k+1 rows (a prompt) is first appended eagerly
+    (prefill), then the bound step runs with no new rows.
 
     Threading: a runner is not thread-safe. A call made while another thread is inside
     the same runner raises :class:`RunnerBusyError` instead of waiting or corrupting state;
@@ -44,18 +78,37 @@ class Runner:
     """
 
     def __init__(self, manifest: dict, drafter: Drafter, steps: dict[int, Callable],
-                 device: torch.device):
+                 device: torch.device, capture: bool):
         self.manifest = manifest
         self.lane: LaneConfig = drafter.lane
         self.drafter = drafter
         self.buckets = sorted(steps)
-        self.steps = steps
         self.device = device
         self.cache = KVCache.allocate(self.lane, self.buckets[-1], device)
         self.max_context = self.cache.k.shape[3] - self.lane.block_rows - 1
         self._rows: dict[int, int] = {}  # slot -> cache row; rows 0..len-1 are taken
         self._next_slot = 0
         self._busy = threading.Lock()
+        pinned = device.type == "cuda"
+        pool = torch.cuda.graph_pool_handle() if capture else None  # buckets share memory
+        self._inputs: dict[int, tuple[Tensor, ...]] = {}
+        self._calls: dict[int, Callable[[], tuple[Tensor, ...]]] = {}
+        self._host: dict[int, tuple[Tensor, Tensor]] = {}
+        with torch.no_grad():
+            for bucket in self.buckets:
+                self._inputs[bucket] = self._inert(bucket)
+                args = (self.cache.k[:bucket], self.cache.v[:bucket], *self._inputs[bucket])
+                self._calls[bucket] = bind(steps[bucket], args, capture, pool)
+                self._host[bucket] = (
+                    torch.empty(bucket, self.lane.k, dtype=torch.long, pin_memory=pinned),
+                    torch.empty(bucket, self.lane.k, dtype=torch.float32, pin_memory=pinned))
+
+    def _inert(self, bucket: int) -> tuple[Tensor, ...]:
+        lane, device = self.lane, self.device
+        zeros = torch.zeros(bucket, dtype=torch.long, device=device)
+        features = torch.zeros(bucket, lane.k + 1, lane.feature_size, dtype=lane.torch_dtype,
+                               device=device)
+        return RoundInputs(features, zeros, zeros.clone(), zeros + self.max_context).tensors()
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
@@ -127,11 +180,12 @@ class Runner:
 
     @torch.no_grad()
     def draft(self, inputs: RoundInputs, slots: Sequence[int]) -> DraftOutput:
-        """One round for ``slots``; ids and confidences in the order of ``slots``."""
+        """One round for ``slots``: ids and confidences on the host, in the order of
+        ``slots`` (q, when the artifact has it, stays on the device)."""
         with self._exclusive():
             self._check(inputs, slots)
             full, rows = self.layout(inputs, slots)
-            return self._run(full).select(rows)
+            return self._run(full).select(rows.cpu())
 
     def _check(self, inputs: RoundInputs, slots: Sequence[int]) -> None:
         if not isinstance(slots, Sequence) or not slots:
@@ -150,26 +204,24 @@ class Runner:
                     inputs)
 
     def _run(self, full: RoundInputs) -> DraftOutput:
+        """One bucket-sized round; every output on the host except q."""
         bucket = full.features.shape[0]
-        k_cache, v_cache = self.cache.k[:bucket], self.cache.v[:bucket]
-        features, num_new, anchor, anchor_pos, temperature, seed = full.tensors()
-        if features.shape[1] != self.lane.k + 1:  # prefill: append the prompt eagerly
-            self.drafter.append_context(k_cache, v_cache, features, num_new, anchor_pos)
-            features = features.new_zeros(bucket, self.lane.k + 1, features.shape[2])
-            num_new = torch.zeros_like(num_new)
-        return DraftOutput(*self.steps[bucket](k_cache, v_cache, features, num_new, anchor,
-                                               anchor_pos, temperature, seed))
-
-    @torch.no_grad()
-    def warm_up(self) -> None:
-        """One all-inert round per bucket, so compiling (or loading) happens now rather than
-        in the first real round. Inert rows write only scratch slots."""
-        lane, device = self.lane, self.device
-        for bucket in self.buckets:
-            zeros = torch.zeros(bucket, dtype=torch.long, device=device)
-            self._run(RoundInputs(
-                torch.zeros(bucket, lane.k + 1, lane.feature_size, dtype=lane.torch_dtype,
-                            device=device), zeros, zeros, zeros + self.max_context))
+        static = self._inputs[bucket]
+        tensors = full.tensors()
+        if full.features.shape[1] != self.lane.k + 1:  # prefill: append the prompt eagerly
+            self.drafter.append_context(self.cache.k[:bucket], self.cache.v[:bucket],
+                                        *tensors[:2], full.anchor_pos)
+            tensors = (static[0], torch.zeros_like(full.num_new), *tensors[2:])
+        for buffer, tensor in zip(static, tensors):
+            if buffer is not tensor:
+                buffer.copy_(tensor)
+        ids, confidences, *probs = self._calls[bucket]()
+        ids_host, confidences_host = self._host[bucket]
+        ids_host.copy_(ids, non_blocking=True)
+        confidences_host.copy_(confidences, non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        return DraftOutput(ids_host, confidences_host, probs[0].clone() if probs else None)
 
 
 def load_runner(artifact_dir: str | Path, device: torch.device | str = "cpu") -> Runner:
@@ -184,8 +236,8 @@ def load_runner(artifact_dir: str | Path, device: torch.device | str = "cpu") ->
     except (TypeError, ValueError) as err:
         raise ArtifactError(f"{directory}: the manifest's lane is not valid: {err}") from err
     drafter = load_weights(lane, directory / WEIGHTS, device)
-    steps = get_backend(manifest["backend"]).load(
-        directory, DraftStep(drafter, manifest["with_probs"]), manifest["buckets"])
-    runner = Runner(manifest, drafter, steps, device)
-    runner.warm_up()
-    return runner
+    backend = get_backend(manifest["backend"])
+    steps = backend.load(directory, DraftStep(drafter, manifest["with_probs"]),
+                         manifest["buckets"])
+    capture = device.type == "cuda" and not getattr(backend, "OWN_CUDA_GRAPH", False)
+    return Runner(manifest, drafter, steps, device, capture)

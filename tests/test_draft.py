@@ -3,7 +3,7 @@ import torch
 
 from dspark_compile.checkpoint import random_drafter
 from dspark_compile.config import lane_config
-from dspark_compile.draft import DraftStep, KVCache, RoundInputs, draft
+from dspark_compile.draft import DraftStep, KVCache, RoundInputs, draft, first_argmax
 from dspark_compile.errors import InputError
 from dspark_compile.rounds import synthetic_rounds
 
@@ -136,3 +136,15 @@ class TestBadInputs:
         with pytest.raises(InputError):
             self.call(anchor=torch.tensor([0, 10**6]))
         assert torch.equal(self.cache.k, before)
+
+
+@pytest.mark.parametrize("size", [248320, 32000, 3072, 1000, 64])
+def test_first_argmax_equals_argmax_with_ties_eager_and_compiled(size):
+    """The two-stage argmax keeps argmax's result, the lowest index winning ties."""
+    gen = torch.Generator().manual_seed(size)
+    compiled = torch.compile(first_argmax, fullgraph=True, dynamic=False)
+    for _ in range(10):
+        x = torch.randint(-2, 3, (4, size), generator=gen).double()  # ties everywhere
+        x[1] = 7.0  # a whole row tied
+        assert torch.equal(first_argmax(x), x.argmax(-1))
+        assert torch.equal(compiled(x), x.argmax(-1))

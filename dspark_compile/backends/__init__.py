@@ -5,7 +5,9 @@
 - ``load(out_dir, step, buckets)`` returns, per bucket, a callable with the draft step's
   signature that updates the KV cache in place and returns ``(ids, confidences)``.
 
-A module may set ``DEVICES`` (device types it runs on) and ``DTYPE`` (a dtype it forces).
+A module may set ``DEVICES`` (device types it runs on), ``DTYPE`` (a dtype it forces) and
+``OWN_CUDA_GRAPH`` (its callable replays a CUDA graph of its own; the runtime captures every
+other backend's call in one).
 Adding a backend is one module plus one line here.
 """
 

@@ -13,13 +13,23 @@ from torch import Tensor
 from dspark_compile.draft import DraftStep
 
 PAYLOAD = "inductor_cache.bin"
+OWN_CUDA_GRAPH = True  # reduce-overhead records and replays its own graph
 
 
 def _compiled(step: DraftStep) -> Callable:
     # Round every bf16 intermediate as eager does; without it fused kernels keep fp32
     # intermediates and the KV cache drifts from the eager path's bits.
     torch._inductor.config.emulate_precision_casts = True
-    return torch.compile(step, mode="reduce-overhead", fullgraph=True, dynamic=False)
+    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True, dynamic=False)
+
+    def call(*inputs: Tensor) -> tuple[Tensor, ...]:
+        # The step writes the KV cache in place, and reduce-overhead graphs a function
+        # that mutates its inputs only when they are static (otherwise it skips the CUDA
+        # graph: "mutated inputs"). The runtime passes the same buffers every round.
+        for tensor in inputs:
+            torch._dynamo.mark_static_address(tensor)
+        return compiled(*inputs)
+    return call
 
 
 def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:

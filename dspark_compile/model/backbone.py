@@ -66,8 +66,8 @@ class Attention(nn.Module):
         return k, self.v_proj(x).view(shape)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
-                block_slots: Tensor, mask: Tensor) -> Tensor:
-        """Attend the block rows ``x [R, n, H]`` over the cache ``[R, kv_heads, slots, D]``.
+                layer: int, block_slots: Tensor, mask: Tensor) -> Tensor:
+        """Attend the block rows ``x [R, n, H]`` over this layer's cache rows.
 
         The block's own K/V go to its scratch slots first, so one masked SDPA covers
         context and block. ``mask [R, 1, group*n, slots]`` is shared by all layers.
@@ -75,23 +75,28 @@ class Attention(nn.Module):
         R, n, _ = x.shape
         group = self.num_heads // self.num_kv_heads
         k, v = self.keys_values(x, cos, sin)
-        write_rows(k_cache, block_slots, k)
-        write_rows(v_cache, block_slots, v)
+        write_rows(k_cache, layer, block_slots, k)
+        write_rows(v_cache, layer, block_slots, v)
         q = self.q_norm(self.q_proj(x).view(R, n, self.num_heads, self.head_dim))
         q = apply_rope(q, cos, sin)
         # GQA without copying K/V: the `group` query heads of one kv head become extra rows
         q = q.view(R, n, self.num_kv_heads, group, self.head_dim).permute(0, 2, 3, 1, 4)
         q = q.reshape(R, self.num_kv_heads, group * n, self.head_dim)
-        out = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask,
-                                             scale=self.head_dim ** -0.5)
+        out = F.scaled_dot_product_attention(q, k_cache[:, layer], v_cache[:, layer],
+                                             attn_mask=mask, scale=self.head_dim ** -0.5)
         out = out.view(R, self.num_kv_heads, group, n, self.head_dim).permute(0, 3, 1, 2, 4)
         return self.o_proj(out.reshape(R, n, self.num_heads * self.head_dim))
 
 
-def write_rows(cache: Tensor, slots: Tensor, rows: Tensor) -> None:
-    """``cache[r, :, slots[r, i]] = rows[r, i]`` for a cache ``[R, kv_heads, slots, D]``."""
+def write_rows(cache: Tensor, layer: int, slots: Tensor, rows: Tensor) -> None:
+    """``cache[r, layer, :, slots[r, i]] = rows[r, i]`` for a cache ``[R, layers, kv_heads,
+    slots, D]``.
+
+    One ``index_put_`` on the whole cache, never on a view of it: a compiler then writes
+    the rows in place, where a write through a view made Inductor copy the whole cache.
+    """
     batch = torch.arange(cache.shape[0], device=cache.device)[:, None].expand_as(slots)
-    cache[batch, :, slots] = rows
+    cache[batch, torch.full_like(slots, layer), :, slots] = rows
 
 
 class MLP(nn.Module):
@@ -114,8 +119,8 @@ class Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(lane.hidden_size, lane.rms_norm_eps)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
-                block_slots: Tensor, mask: Tensor) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache,
+                layer: int, block_slots: Tensor, mask: Tensor) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, layer,
                                block_slots, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -154,8 +159,8 @@ class Backbone(nn.Module):
         cos, sin = self.rope(positions)
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.keys_values(ctx, cos, sin)
-            write_rows(k_cache[:, i], slots, k)
-            write_rows(v_cache[:, i], slots, v)
+            write_rows(k_cache, i, slots, k)
+            write_rows(v_cache, i, slots, v)
 
     def block_mask(self, anchor_pos: Tensor, slots: int) -> Tensor:
         """Which cache slots each block row sees: ``[R, 1, group*rows, slots]`` (bool)."""
@@ -187,7 +192,7 @@ class Backbone(nn.Module):
         mask = self.block_mask(anchor_pos, k_cache.shape[3])
         x = self.embed_tokens(ids)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, k_cache[:, i], v_cache[:, i], positions, mask)
+            x = layer(x, cos, sin, k_cache, v_cache, i, positions, mask)
         h = self.norm(x)
         if lane.layout is Layout.one_plus_k:
             h = h[:, 1:]
