@@ -38,6 +38,11 @@ class Floor:
     ms: float
 
 
+def significant(x: float) -> float:
+    """Four significant digits: a tiny lane's floor on a GPU is a few microseconds."""
+    return float(f"{x:.4g}")
+
+
 def time_ms(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int) -> float:
     """Median wall time of ``fn`` in ms, synchronising the device around each call."""
     for _ in range(warmup):
@@ -163,16 +168,16 @@ def run_bench(drafter: Drafter, backends: list[str], buckets: list[int], context
             identical = torch.equal(out.ids.cpu(), reference.ids)
             d2h = reference.transfers.d2h_bytes if name == "host" else batch * lane.k * 12
             graphs, kernels = launches(fn, device)  # after timing: the profiler costs time
-            rows.append(dict(lane=lane.name, batch=batch, path=name, ms=round(ms, 4),
-                             vs_host=None, vs_floor=round(ms / floor.ms, 2),
+            rows.append(dict(lane=lane.name, batch=batch, path=name, ms=significant(ms),
+                             vs_host=None, vs_floor=significant(ms / floor.ms),
                              identical=identical, d2h_bytes=d2h, graphs=graphs,
-                             kernels=kernels, floor_ms=round(floor.ms, 4),
+                             kernels=kernels, floor_ms=significant(floor.ms),
                              floor_bytes=floor.bytes, floor_flops=floor.flops))
             steps.update()
         host_ms = next(r["ms"] for r in rows if r["batch"] == batch and r["path"] == "host")
         for r in rows:
             if r["batch"] == batch:
-                r["vs_host"] = round(host_ms / r["ms"], 2)
+                r["vs_host"] = significant(host_ms / r["ms"])
         for _, runner in runners.values():
             for slot in runner.slots:
                 runner.release(slot)
