@@ -1,4 +1,5 @@
-"""Hydra entry points: ``dspark-compile``, ``dspark-verify`` and ``dspark-bench``."""
+"""Hydra entry points: ``dspark-compile``, ``dspark-verify``, ``dspark-bench`` and
+``dspark-sweep``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Callable, TypeVar
 
 import hydra
@@ -124,7 +126,11 @@ def verify_main(cfg: DictConfig) -> None:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="bench", version_base="1.3")
 def bench_main(cfg: DictConfig) -> None:
-    config: BenchConfig = OmegaConf.to_object(cfg)
+    bench(OmegaConf.to_object(cfg))
+
+
+def bench(config: BenchConfig) -> Path:
+    """Run one benchmark, print its table, write its JSON and PNG; returns the JSON path."""
     print(f"lane {config.lane.name}, backends {config.backends}, buckets {config.buckets}, "
           f"context {config.context}, device {config.device}", flush=True)
     result = run_bench(build_drafter(config), config.backends, config.buckets, config.context,
@@ -136,5 +142,14 @@ def bench_main(cfg: DictConfig) -> None:
                                     "identical")}
                  for r in result["rows"]])
     stem = f"bench_{config.lane.name}_{result['env']['device_type']}"
-    for path in write(result, config.out_dir, stem):
-        print(path)
+    json_path, png_path = write(result, config.out_dir, stem)
+    print(json_path)
+    print(png_path)
+    return json_path
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="sweep", version_base="1.3")
+def sweep_main(cfg: DictConfig) -> None:
+    from dspark_compile.sweep import run_job
+
+    run_job(OmegaConf.to_object(cfg))

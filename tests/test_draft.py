@@ -138,7 +138,7 @@ class TestBadInputs:
         assert torch.equal(self.cache.k, before)
 
 
-@pytest.mark.parametrize("size", [248320, 32000, 3072, 1000, 64])
+@pytest.mark.parametrize("size", [248320, 32000, 3072, 1000, 512, 128, 64, 30])
 def test_first_argmax_equals_argmax_with_ties_eager_and_compiled(size):
     """The two-stage argmax keeps argmax's result, the lowest index winning ties."""
     gen = torch.Generator().manual_seed(size)
