@@ -150,7 +150,7 @@ def build_or_reuse(key: ArtifactKey, root: Path,
     """
     final = key.directory(root)
     final.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(final.parent / f".{final.name}.lock"):
+    with locked(final.parent / f".{final.name}.lock"):
         _remove_stale_temporaries(final)
         if final.exists():
             try:
@@ -245,7 +245,8 @@ def _plain_name(name: str) -> bool:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` (created if missing) between processes."""
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:

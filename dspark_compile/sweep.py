@@ -7,20 +7,18 @@ so, and the sweep goes on.
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import fcntl
 import json
 import math
 import multiprocessing
 import traceback
 from pathlib import Path
-from typing import Iterator
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
+from dspark_compile.artifacts import locked
 from dspark_compile.config import BenchConfig
 
 TABLE = "results"
@@ -73,21 +71,11 @@ def _bench_process(config: BenchConfig, job_dir: str) -> None:
         raise
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def append(sweep_dir: Path, rows: list[dict]) -> tuple[int, int]:
     """Append rows to the table (jobs may finish at once); returns (jobs done, failed)."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
     jsonl, csv_path = sweep_dir / f"{TABLE}.jsonl", sweep_dir / f"{TABLE}.csv"
-    with _locked(sweep_dir / f"{TABLE}.lock"):
+    with locked(sweep_dir / f"{TABLE}.lock"):
         with open(jsonl, "a") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
         new = not csv_path.is_file()

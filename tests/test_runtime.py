@@ -234,3 +234,27 @@ def test_soak_ten_thousand_rounds_with_requests_coming_and_going(built_artifact,
             baseline = rss_mb()
     assert compared >= rounds * lane.k
     assert rss_mb() - baseline < 32, "memory grew over the soak"
+
+
+def test_outputs_stay_valid_after_the_next_round(runner, device):
+    """The runner reuses its output buffers; what draft() returned is the caller's."""
+    slots = [runner.admit() for _ in range(2)]
+    first, second = list(synthetic_rounds(runner.lane, 2, 16, 2, 3, device))
+    out = runner.draft(first, slots)
+    ids, confidences = out.ids.clone(), out.confidences.clone()
+    later = runner.draft(second, slots)
+    assert not torch.equal(later.ids, ids)  # the second round really differs
+    assert torch.equal(out.ids, ids) and torch.equal(out.confidences, confidences)
+    assert out.ids.device.type == "cpu"  # ids and confidences come back to the host
+
+
+def test_a_decode_round_is_one_cuda_graph_replay(runner, device):
+    from dspark_compile.bench import launches
+
+    if device.type != "cuda":
+        pytest.skip("CUDA graphs need a CUDA device")
+    slots = [runner.admit()]
+    prompt, decode = list(synthetic_rounds(runner.lane, 1, 16, 2, 0, device))
+    runner.draft(prompt, slots)
+    graphs, _ = launches(lambda: runner.draft(decode, slots), device)
+    assert graphs == 1
