@@ -34,7 +34,9 @@ def empty_drafter(lane: LaneConfig, device: torch.device | str) -> Drafter:
     """A drafter with uninitialised storage on ``device``, in the lane's dtype."""
     with torch.device("meta"):
         drafter = Drafter(lane).to(lane.torch_dtype)
-    return drafter.to_empty(device=device).eval()
+    drafter.to_empty(device=device)
+    drafter.fill_rope_tables()
+    return drafter.eval()
 
 
 def cast_drafter(drafter: Drafter, dtype: str) -> Drafter:
@@ -208,6 +210,7 @@ def load_weights(lane: LaneConfig, path: str | Path, device: torch.device | str)
         if int(targets.min()) < 0 or int(targets.max()) >= lane.target_vocab_size:
             raise CheckpointError(f"d2t maps draft ids outside [0, {lane.target_vocab_size})")
     drafter.load_state_dict(state, assign=True)
+    drafter.fill_rope_tables()
     return drafter.eval()
 
 

@@ -103,6 +103,20 @@ def first_argmax(x: Tensor) -> Tensor:
     return (best * chunk + index.gather(-1, best)).squeeze(-1)
 
 
+def rounded(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x`` rounded to ``dtype`` (to nearest, ties to even), kept in ``x``'s dtype.
+
+    bf16 from fp32 is rounded with integer arithmetic on the bits: Inductor on the H200
+    (torch 2.11) dropped the round trip ``x.to(bf16).double()`` as a pointless pair of
+    casts, so its argmax saw unrounded logits and broke bf16 ties another way than eager.
+    """
+    if x.dtype != torch.float32 or dtype != torch.bfloat16:
+        return x.to(dtype).to(x.dtype)
+    bits = x.view(torch.int32)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -0x10000  # finite values: no NaN here
+    return bits.view(torch.float32)
+
+
 def sample(z: Tensor, temperature: Tensor, seed: Tensor, anchor_pos: Tensor, step: int
            ) -> Tensor:
     """Draft ids of one step: the first-index argmax of ``z`` where the temperature is 0,
@@ -127,11 +141,11 @@ def markov_loop(drafter: Drafter, h: Tensor, base_logits: Tensor, anchor: Tensor
         bias, state = head.step_bias(prev, h[:, step], state)
         # A model-dtype '+', spelled out (widen, add, round once) so that no compiler folds
         # the add into the bias GEMM, which would skip the rounding of the bias itself.
-        z = (base_logits[:, step].to(wide) + bias.to(wide)).to(bias.dtype)
+        z = rounded(base_logits[:, step].to(wide) + bias.to(wide), bias.dtype)
         prevs.append(prev)
         prev = to_target(sample(z, temperature, seed, anchor_pos, step), drafter.d2t)
         ids.append(prev)
-        logits.append(z)
+        logits.append(z.to(bias.dtype))
     return torch.stack(ids, 1), torch.stack(prevs, 1), torch.stack(logits, 1)
 
 
@@ -200,7 +214,7 @@ def check_round(lane: LaneConfig, cache: KVCache, inputs: RoundInputs) -> None:
                     ("seed", seed)):
         _expect(name, t, (R,), torch.int64, device)
     _expect("temperature", temperature, (R,), torch.float32, device)
-    max_context = slots - lane.block_rows - 1
+    max_context = min(slots - lane.block_rows - 1, lane.max_context)
     valid = torch.arange(N, device=device)[None, :] < num_new[:, None]
     # a float64 row sum is finite exactly when the row is (no overflow from bf16/fp32
     # values), and takes no [R, N, F] temporary: prompts can be gigabytes
@@ -219,7 +233,7 @@ def check_round(lane: LaneConfig, cache: KVCache, inputs: RoundInputs) -> None:
         ("anchor_pos", start_lo >= 0, f"anchor_pos - num_new down to {start_lo}",
          "anchor_pos >= num_new"),
         ("anchor_pos", s_hi <= max_context, f"up to {s_hi}",
-         f"<= {max_context} (the cache's context capacity)"),
+         f"<= {max_context} (the context capacity of the cache and the lane)"),
         ("features", bad == 0, f"NaN or Inf in {bad} of the rows that num_new marks valid",
          "finite values (padding rows may hold anything)"),
         ("temperature", t_bad == 0, f"{t_bad} negative, NaN or infinite values",

@@ -3,7 +3,8 @@ import torch
 
 from dspark_compile.checkpoint import random_drafter
 from dspark_compile.config import lane_config
-from dspark_compile.draft import DraftStep, KVCache, RoundInputs, draft, first_argmax
+from dspark_compile.draft import (DraftStep, KVCache, RoundInputs, draft, first_argmax,
+                                  rounded)
 from dspark_compile.errors import InputError
 from dspark_compile.rounds import synthetic_rounds
 
@@ -121,6 +122,13 @@ class TestBadInputs:
         assert message in str(info.value)
         assert info.value.field == field
 
+    def test_a_cache_larger_than_the_lane_does_not_raise_the_position_limit(self):
+        """Positions index the lane's RoPE tables, sized by the lane's max_context."""
+        self.cache = KVCache.allocate(self.lane, 2, "cpu", self.lane.max_context + 100)
+        past = torch.full((2,), self.lane.max_context + 1)
+        with pytest.raises(InputError, match=f"<= {self.lane.max_context} "):
+            self.call(anchor_pos=past)
+
     def test_bad_cache_raises_input_error(self):
         self.cache = KVCache(self.cache.k[:, :1], self.cache.v[:, :1])
         with pytest.raises(InputError, match="cache.k: shape"):
@@ -148,3 +156,18 @@ def test_first_argmax_equals_argmax_with_ties_eager_and_compiled(size):
         x[1] = 7.0  # a whole row tied
         assert torch.equal(first_argmax(x), x.argmax(-1))
         assert torch.equal(compiled(x), x.argmax(-1))
+
+
+def test_rounded_is_the_bf16_cast_bit_for_bit_eager_and_compiled():
+    """Integer rounding of fp32 to bf16 precision == ``x.to(bf16).float()`` for every finite
+    value: ties to even, negative values, subnormals, zeros, overflow to infinity."""
+    gen = torch.Generator().manual_seed(0)
+    bits = torch.randint(-2**31, 2**31 - 1, (200_000,), generator=gen, dtype=torch.int64)
+    bits[:1000] = (bits[:1000] & ~0xFFFF) | 0x8000  # exact halfway: ties to even
+    bits[1000:1002] = torch.tensor([0x7F7FFFFF, 0xFF7FFFFF - 2**32])  # max finite: to +-inf
+    x = bits.to(torch.int32).view(torch.float32)
+    x = torch.cat([x[torch.isfinite(x)], torch.tensor([0.0, -0.0, 1e-40, -1e-40])])
+    want = x.to(torch.bfloat16).float().view(torch.int32)
+    compiled = torch.compile(rounded, fullgraph=True, dynamic=False)
+    for got in (rounded(x, torch.bfloat16), compiled(x, torch.bfloat16)):
+        assert torch.equal(got.view(torch.int32), want)

@@ -30,14 +30,19 @@ class RMSNorm(nn.Module):
         return self.weight * wide.to(x.dtype)
 
 
-def rope_tables(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype
-                ) -> tuple[Tensor, Tensor]:
-    """NeoX RoPE cos/sin ``[R, n, head_dim]`` for integer positions ``[R, n]`` (fp32 math)."""
-    exponent = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
+def rope_tables(positions: int, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """NeoX RoPE cos/sin ``[positions, head_dim]`` in float64, computed on the CPU.
+
+    Angles in fp32, as Qwen3 computes them. The draft step gathers rows of these tables
+    instead of evaluating cos/sin itself: compilers evaluate them with other libraries
+    (Triton's cos differed from CUDA's in the last fp32 bit on the H200), and one flipped
+    rounding of a table entry changes every hidden row after it.
+    """
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.float32)
     inv_freq = 1.0 / (theta ** (exponent / head_dim))
-    freqs = positions.to(torch.float32)[..., None] * inv_freq
-    angles = torch.cat([freqs, freqs], dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    angles = torch.arange(positions, dtype=torch.float32)[:, None] * inv_freq
+    angles = torch.cat([angles, angles], dim=-1).double()
+    return angles.cos(), angles.sin()
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -137,10 +142,23 @@ class Backbone(nn.Module):
         self.layers = nn.ModuleList(Layer(lane) for _ in range(lane.num_layers))
         self.norm = RMSNorm(lane.hidden_size, lane.rms_norm_eps)
         self.lm_head = nn.Linear(lane.hidden_size, lane.draft_vocab_size, bias=False)
+        # derived from the lane, not weights: kept out of checkpoints
+        positions = lane.max_context + lane.block_rows + 1
+        self.register_buffer("rope_cos", torch.empty(positions, lane.head_dim), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(positions, lane.head_dim), persistent=False)
+
+    def fill_rope_tables(self) -> None:
+        """(Re)compute the RoPE tables on the weights' device and dtype: call after the
+        storage is materialised (``to_empty``, ``load_state_dict(assign=True)``)."""
+        lane, weight = self.lane, self.fc.weight
+        cos, sin = rope_tables(lane.max_context + lane.block_rows + 1, lane.head_dim,
+                               lane.rope_theta)
+        self.rope_cos = cos.to(weight.device, weight.dtype)
+        self.rope_sin = sin.to(weight.device, weight.dtype)
 
     def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        lane = self.lane
-        return rope_tables(positions, lane.head_dim, lane.rope_theta, self.fc.weight.dtype)
+        """cos, sin ``[R, n, head_dim]`` of integer positions ``[R, n]``."""
+        return self.rope_cos[positions], self.rope_sin[positions]
 
     def append_context(self, k_cache: Tensor, v_cache: Tensor, features: Tensor,
                        num_new: Tensor, anchor_pos: Tensor) -> None:
@@ -156,7 +174,7 @@ class Backbone(nn.Module):
         slots = torch.where(valid, positions, k_cache.shape[3] - 1)
         features = torch.where(valid[..., None], features, 0)
         ctx = self.hidden_norm(self.fc(features))
-        cos, sin = self.rope(positions)
+        cos, sin = self.rope(torch.where(valid, positions, 0))  # padding rows: any position
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.keys_values(ctx, cos, sin)
             write_rows(k_cache, i, slots, k)

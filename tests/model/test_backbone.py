@@ -23,7 +23,7 @@ def rotate(x, positions, theta):
     # the design fixes RoPE angles in fp32, as Qwen3 computes them
     inv_freq = 1.0 / theta ** (torch.arange(half, dtype=torch.float32) * 2 / x.shape[-1])
     angle = positions[:, None].float() * inv_freq  # [T, half]
-    cos, sin = angle.cos().double()[:, None], angle.sin().double()[:, None]
+    cos, sin = angle.double().cos()[:, None], angle.double().sin()[:, None]
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
