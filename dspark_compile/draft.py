@@ -106,9 +106,10 @@ def first_argmax(x: Tensor) -> Tensor:
 def rounded(x: Tensor, dtype: torch.dtype) -> Tensor:
     """``x`` rounded to ``dtype`` (to nearest, ties to even), kept in ``x``'s dtype.
 
-    bf16 from fp32 is rounded with integer arithmetic on the bits: Inductor on the H200
-    (torch 2.11) dropped the round trip ``x.to(bf16).double()`` as a pointless pair of
-    casts, so its argmax saw unrounded logits and broke bf16 ties another way than eager.
+    bf16 from fp32 is rounded with integer arithmetic on the bits, which no compiler pass
+    that simplifies chains of casts can remove: with ``x.to(bf16).double()`` Inductor on
+    the H200 (torch 2.11) broke bf16 ties of the logits another way than eager, as if the
+    rounding were gone.
     """
     if x.dtype != torch.float32 or dtype != torch.bfloat16:
         return x.to(dtype).to(x.dtype)
