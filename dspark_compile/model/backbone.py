@@ -142,7 +142,7 @@ class Backbone(nn.Module):
         self.layers = nn.ModuleList(Layer(lane) for _ in range(lane.num_layers))
         self.norm = RMSNorm(lane.hidden_size, lane.rms_norm_eps)
         self.lm_head = nn.Linear(lane.hidden_size, lane.draft_vocab_size, bias=False)
-        # derived from the lane, not weights: kept out of checkpoints
+        # every position a cache slot can hold; derived from the lane, so not in checkpoints
         positions = lane.max_context + lane.block_rows + 1
         self.register_buffer("rope_cos", torch.empty(positions, lane.head_dim), persistent=False)
         self.register_buffer("rope_sin", torch.empty(positions, lane.head_dim), persistent=False)
@@ -151,8 +151,7 @@ class Backbone(nn.Module):
         """(Re)compute the RoPE tables on the weights' device and dtype: call after the
         storage is materialised (``to_empty``, ``load_state_dict(assign=True)``)."""
         lane, weight = self.lane, self.fc.weight
-        cos, sin = rope_tables(lane.max_context + lane.block_rows + 1, lane.head_dim,
-                               lane.rope_theta)
+        cos, sin = rope_tables(self.rope_cos.shape[0], lane.head_dim, lane.rope_theta)
         self.rope_cos = cos.to(weight.device, weight.dtype)
         self.rope_sin = sin.to(weight.device, weight.dtype)
 
