@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+import sys
+
 import torch
 import torch._inductor
 from torch import Tensor
@@ -17,6 +19,11 @@ INDUCTOR_CONFIGS = {
     "aot_inductor.package_constants_in_so": False,
     "emulate_precision_casts": True,  # round bf16 intermediates as eager does
 }
+if sys.platform == "linux":
+    # Link the process's libstdc++ by name: a GCC built to link it statically (the H200
+    # image's /opt/gcc) gives wrapper.so a private copy whose std::locale is never set up,
+    # and creating the model then crashes in std::regex (bench/results/issue3_h200/).
+    INDUCTOR_CONFIGS["aot_inductor.custom_op_libs"] = [":libstdc++.so.6"]
 
 
 def _package(out_dir: Path, bucket: int) -> Path:
