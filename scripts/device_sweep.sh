@@ -2,7 +2,7 @@
 # On the H200 (device tool): the `real` sweep for one lane, sized to end inside one
 # 10-minute call; the table, the per-job bench JSON and the log go to $OUT.
 #   bash scripts/device_sweep.sh qwen36_35b_a3b '[eager,inductor]' 512,4096
-# aoti is left out on this image: its loader segfaults (bench/results/issue3_h200/).
+# Each AOTInductor build of a real lane takes 3-5 minutes there: sweep aoti in its own call.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 lane=${1:?lane} backends=${2:-[eager,inductor]} contexts=${3:-512,4096}
