@@ -154,6 +154,9 @@ def run_bench(drafter: Drafter, backends: list[str], buckets: list[int], context
                                                     context + lane.k + 1) for _ in "he")
         host.draft(host_cache, prompt)
         reference = host.draft(host_cache, decode)
+        # greedy picks that a one-ulp change of a bf16 logit could flip: where a path that
+        # sums in another order (the fused Markov step) could differ, if anywhere
+        near_ties = int(reference.near_ties.sum())
         paths = {"host": lambda: host.draft(host_cache, decode)}
         draft(drafter, eager_cache, prompt)
         paths["device (eager)"] = lambda: draft(drafter, eager_cache, decode)
@@ -170,8 +173,8 @@ def run_bench(drafter: Drafter, backends: list[str], buckets: list[int], context
             graphs, kernels = launches(fn, device)  # after timing: the profiler costs time
             rows.append(dict(lane=lane.name, batch=batch, path=name, ms=significant(ms),
                              vs_host=None, vs_floor=significant(ms / floor.ms),
-                             identical=identical, d2h_bytes=d2h, graphs=graphs,
-                             kernels=kernels, floor_ms=significant(floor.ms),
+                             identical=identical, near_ties=near_ties, d2h_bytes=d2h,
+                             graphs=graphs, kernels=kernels, floor_ms=significant(floor.ms),
                              floor_bytes=floor.bytes, floor_flops=floor.flops))
             steps.update()
         host_ms = next(r["ms"] for r in rows if r["batch"] == batch and r["path"] == "host")

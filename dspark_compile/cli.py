@@ -139,7 +139,7 @@ def bench(config: BenchConfig) -> Path:
     print(f"measured now: copy {bandwidth / 1e9:.1f} GB/s, matmul {matmul / 1e12:.2f} TFLOP/s")
     print_table([{k: r[k] for k in ("lane", "batch", "path", "ms", "vs_host", "floor_ms",
                                     "vs_floor", "d2h_bytes", "graphs", "kernels",
-                                    "identical")}
+                                    "identical", "near_ties")}
                  for r in result["rows"]])
     stem = f"bench_{config.lane.name}_{result['env']['device_type']}"
     json_path, png_path = write(result, config.out_dir, stem)

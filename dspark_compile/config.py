@@ -57,6 +57,8 @@ class LaneConfig:
     rms_norm_eps: float = 1e-6
     markov_rank: int = 256
     markov_head: MarkovHead = MarkovHead.vanilla
+    # on CUDA, each Markov step as one Triton kernel (dspark_compile/fused_markov.py)
+    fused_markov_step: bool = False
     confidence_with_markov: bool = True
     layout: Layout = Layout.anchor_first
     block_causal: bool = False  # causal attention inside the draft block
@@ -89,6 +91,8 @@ class LaneConfig:
                  ("rms_norm_eps", _positive_real(self.rms_norm_eps), "a positive number"),
                  ("block_causal", isinstance(self.block_causal, bool), "true or false"),
                  ("confidence_with_markov", isinstance(self.confidence_with_markov, bool),
+                  "true or false"),
+                 ("fused_markov_step", isinstance(self.fused_markov_step, bool),
                   "true or false")]
         for name, ok, allowed in types:
             if not ok:
@@ -106,6 +110,10 @@ class LaneConfig:
              self.target_layer_ids),
             (self.sliding_window is None or self.sliding_window >= 1, "sliding_window",
              ">= 1 or null", self.sliding_window),
+            (not self.fused_markov_step or (self.markov_head is MarkovHead.vanilla
+                                            and self.dtype == "bfloat16"),
+             "fused_markov_step", "false unless markov_head=vanilla and dtype=bfloat16",
+             self.fused_markov_step),
         ]
         for ok, name, allowed, value in checks:
             if not ok:

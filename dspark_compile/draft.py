@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from dspark_compile import fused_markov
 from dspark_compile.config import LaneConfig
 from dspark_compile.errors import InputError
 from dspark_compile.model import Drafter
@@ -131,23 +132,33 @@ def sample(z: Tensor, temperature: Tensor, seed: Tensor, anchor_pos: Tensor, ste
 
 
 def markov_loop(drafter: Drafter, h: Tensor, base_logits: Tensor, anchor: Tensor,
-                temperature: Tensor, seed: Tensor, anchor_pos: Tensor
-                ) -> tuple[Tensor, Tensor, Tensor]:
-    """The Markov walk, unrolled: ids ``[R, k]``, ids fed to each step, corrected logits."""
+                temperature: Tensor, seed: Tensor, anchor_pos: Tensor,
+                keep_logits: bool = True) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    """The Markov walk, unrolled: ids ``[R, k]``, ids fed to each step, and the corrected
+    logits ``[R, k, V]`` when ``keep_logits``. A lane with ``fused_markov_step`` runs each
+    step as one Triton kernel on CUDA, which never writes the logits."""
     head = drafter.markov_head
+    fused = drafter.lane.fused_markov_step and base_logits.is_cuda and not keep_logits
     prev, state = anchor, head.initial_state(h)
     wide = torch.promote_types(base_logits.dtype, torch.float32)
     ids, prevs, logits = [], [], []
     for step in range(base_logits.shape[1]):
-        bias, state = head.step_bias(prev, h[:, step], state)
-        # A model-dtype '+', spelled out (widen, add, round once) so that no compiler folds
-        # the add into the bias GEMM, which would skip the rounding of the bias itself.
-        z = rounded(base_logits[:, step].to(wide) + bias.to(wide), bias.dtype)
         prevs.append(prev)
-        prev = to_target(sample(z, temperature, seed, anchor_pos, step), drafter.d2t)
+        if fused:
+            draft_ids = fused_markov.markov_step(
+                head.markov_w1.weight, head.markov_w2.weight, base_logits[:, step], prev,
+                temperature, seed, anchor_pos, step)
+        else:
+            bias, state = head.step_bias(prev, h[:, step], state)
+            # A model-dtype '+', spelled out (widen, add, round once) so that no compiler
+            # folds the add into the bias GEMM, which would skip the rounding of the bias.
+            z = rounded(base_logits[:, step].to(wide) + bias.to(wide), bias.dtype)
+            draft_ids = sample(z, temperature, seed, anchor_pos, step)
+            logits.append(z.to(bias.dtype))
+        prev = to_target(draft_ids, drafter.d2t)
         ids.append(prev)
-        logits.append(z.to(bias.dtype))
-    return torch.stack(ids, 1), torch.stack(prevs, 1), torch.stack(logits, 1)
+    kept = torch.stack(logits, 1) if keep_logits else None
+    return torch.stack(ids, 1), torch.stack(prevs, 1), kept
 
 
 def draft_probs(drafter: Drafter, logits: Tensor, ids: Tensor, temperature: Tensor) -> Tensor:
@@ -182,7 +193,7 @@ class DraftStep(nn.Module):
         d.append_context(k_cache, v_cache, features, num_new, anchor_pos)
         h, base_logits = d(k_cache, v_cache, anchor, anchor_pos)
         ids, prevs, logits = markov_loop(d, h, base_logits, anchor, temperature, seed,
-                                         anchor_pos)
+                                         anchor_pos, keep_logits=self.with_probs)
         confidences = d.confidences(h, prevs)
         if self.with_probs:
             return ids, confidences, draft_probs(d, logits, ids, temperature)

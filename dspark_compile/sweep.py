@@ -23,7 +23,7 @@ from dspark_compile.config import BenchConfig
 
 TABLE = "results"
 COLUMNS = ["job", "status", "error", "lane", "context", "batch", "path", "ms", "vs_host",
-           "floor_ms", "vs_floor", "d2h_bytes", "graphs", "kernels", "identical"]
+           "floor_ms", "vs_floor", "d2h_bytes", "graphs", "kernels", "identical", "near_ties"]
 
 
 def run_job(config: BenchConfig) -> None:

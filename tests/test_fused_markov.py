@@ -1,0 +1,108 @@
+"""The fused Markov step (``dspark_compile/fused_markov.py``) against the loop it replaces."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dspark_compile import fused_markov
+from dspark_compile.checkpoint import random_drafter
+from dspark_compile.config import lane_config
+from dspark_compile.draft import DraftStep, KVCache
+from dspark_compile.errors import ConfigError
+from dspark_compile.rounds import synthetic_rounds
+
+NO_TRITON = "Triton is not installed (the CPU wheels of torch come without it)"
+ON_CUDA_ONLY = "the kernel runs on CUDA; elsewhere a fused lane keeps the loop"
+
+
+@pytest.mark.parametrize("changes", [dict(markov_head="gated"), dict(markov_head="rnn"),
+                                     dict(dtype="float32")])
+def test_the_fused_step_is_refused_where_the_kernel_does_not_apply(changes):
+    with pytest.raises(ConfigError, match="fused_markov_step"):
+        lane_config("tiny", fused_markov_step=True, **changes)
+
+
+# The kernel, run by Triton's interpreter on the CPU, step by step against markov_loop on the
+# same inputs: the second half of W2's rows and of the base logits repeats the first, so
+# rows meet exact ties across tiles, which the lowest index must win. Odd rows sample at T = 0.8. The
+# interpreter cannot load bf16 from CPU memory, so the kernel gets fp32 copies of the bf16
+# values (the same numbers).
+INTERPRETED = """
+import json, torch
+from dspark_compile import fused_markov
+from dspark_compile.checkpoint import random_drafter
+from dspark_compile.config import lane_config
+from dspark_compile.draft import markov_loop
+from dspark_compile.model.vocab import to_target
+
+lane = lane_config("tiny_d2t", draft_vocab_size=320)  # 2.5 tiles: the last one masked
+drafter = random_drafter(lane, "cpu", seed=3)
+head = drafter.markov_head
+V, R = lane.draft_vocab_size, 6
+half = V // 2
+assert half >= fused_markov.BLOCK_V  # the repeats lie in other tiles
+g = torch.Generator().manual_seed(0)
+with torch.no_grad():
+    head.markov_w2.weight[half:2 * half] = head.markov_w2.weight[:half]
+    base = (torch.randint(-6, 6, (R, lane.k, V), generator=g) / 4).bfloat16()
+    base[..., half:2 * half] = base[..., :half]
+    anchor = torch.randint(0, lane.target_vocab_size, (R,), generator=g)
+    temperature = torch.tensor([0.0, 0.8] * (R // 2))
+    seed = torch.arange(R) * 7
+    anchor_pos = torch.arange(R) + 40
+    h = torch.zeros(R, lane.k, lane.hidden_size, dtype=torch.bfloat16)
+    ids, prevs, z = markov_loop(drafter, h, base, anchor, temperature, seed, anchor_pos)
+    wide = base.float()  # strided per step, as in the draft step
+    differ = ties = 0
+    for step in range(lane.k):
+        got = fused_markov.markov_step(
+            head.markov_w1.weight.float(), head.markov_w2.weight.float(), wide[:, step],
+            prevs[:, step], temperature, seed, anchor_pos, step)
+        differ += int((to_target(got, drafter.d2t) != ids[:, step]).sum())
+        top = z[:, step].float()
+        ties += int(((top == top.max(-1, keepdim=True).values).sum(-1) > 1)[0::2].sum())
+print(json.dumps(dict(differ=differ, ties=ties, tokens=ids.numel())))
+"""
+
+
+@pytest.mark.skipif(fused_markov.triton is None, reason=NO_TRITON)
+def test_the_kernel_matches_the_loop_step_in_the_triton_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    result = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["ties"] > 0, report  # the greedy rows met exact ties to break
+    assert report["differ"] == 0, report
+
+
+@pytest.mark.parametrize("lane_name", ["tiny", "tiny_d2t"])
+@pytest.mark.parametrize("batch", [1, 3, 8])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_fused_lane_matches_the_host_path(both_paths, device, lane_name, batch, temperature):
+    if device.type != "cuda":
+        pytest.skip(ON_CUDA_ONLY)
+    drafter = random_drafter(lane_config(lane_name, fused_markov_step=True), device, seed=batch)
+    for (ids, confidences), ref in both_paths(drafter, batch, 300, 4, seed=5,
+                                              temperature=temperature):
+        assert torch.equal(ids.cpu(), ref.ids)
+        assert torch.equal(confidences.cpu(), ref.confidences)
+
+
+def test_compiled_and_exported_graphs_keep_the_kernel(device):
+    if device.type != "cuda":
+        pytest.skip(ON_CUDA_ONLY)
+    lane = lane_config("tiny_d2t", fused_markov_step=True)
+    step = DraftStep(random_drafter(lane, device, seed=0))
+    inputs = next(iter(synthetic_rounds(lane, 3, 40, 1, 0, device, 1.0))).tensors()
+    caches = [KVCache.allocate(lane, 3, device, 64) for _ in range(2)]
+    with torch.no_grad():
+        eager = step(caches[0].k, caches[0].v, *inputs)
+        compiled = torch.compile(step, fullgraph=True)(caches[1].k, caches[1].v, *inputs)
+        program = torch.export.export(step, (caches[1].k, caches[1].v, *inputs), strict=False)
+    assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
+    assert "markov_step" in str(program.graph)
