@@ -36,6 +36,9 @@ class Floor:
     bytes: int
     flops: int
     ms: float
+    # writing the base logits [R, k, V] and reading them back, at the measured bandwidth:
+    # traffic the floor leaves out, which only fusing the lm_head into the loop would save
+    logits_ms: float
 
 
 def significant(x: float) -> float:
@@ -110,7 +113,9 @@ def round_floor(drafter: Drafter, batch: int, context: int, ceilings: Ceilings) 
     flops = 2 * batch * (append + lane.num_layers * (rows * layer + attention) + heads)
     total_bytes = weight_bytes + kv_bytes + batch * new_rows * lane.feature_size * size
     ms = max(total_bytes / ceilings.bandwidth, flops / ceilings.matmul) * 1e3
-    return Floor(bytes=int(total_bytes), flops=int(flops), ms=ms)
+    logits_bytes = 2 * batch * lane.k * lane.draft_vocab_size * size
+    return Floor(bytes=int(total_bytes), flops=int(flops), ms=ms,
+                 logits_ms=logits_bytes / ceilings.bandwidth * 1e3)
 
 
 def one_round(drafter: Drafter, batch: int, context: int, seed: int,
@@ -175,7 +180,8 @@ def run_bench(drafter: Drafter, backends: list[str], buckets: list[int], context
                              vs_host=None, vs_floor=significant(ms / floor.ms),
                              identical=identical, near_ties=near_ties, d2h_bytes=d2h,
                              graphs=graphs, kernels=kernels, floor_ms=significant(floor.ms),
-                             floor_bytes=floor.bytes, floor_flops=floor.flops))
+                             floor_bytes=floor.bytes, floor_flops=floor.flops,
+                             logits_ms=significant(floor.logits_ms)))
             steps.update()
         host_ms = next(r["ms"] for r in rows if r["batch"] == batch and r["path"] == "host")
         for r in rows:

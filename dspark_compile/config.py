@@ -111,8 +111,11 @@ class LaneConfig:
             (self.sliding_window is None or self.sliding_window >= 1, "sliding_window",
              ">= 1 or null", self.sliding_window),
             (not self.fused_markov_step or (self.markov_head is MarkovHead.vanilla
-                                            and self.dtype == "bfloat16"),
-             "fused_markov_step", "false unless markov_head=vanilla and dtype=bfloat16",
+                                            and self.dtype == "bfloat16"
+                                            and self.markov_rank in (16, 32, 64, 128, 256,
+                                                                     512, 1024)),
+             "fused_markov_step", ("false unless markov_head=vanilla, dtype=bfloat16 and "
+                                   "markov_rank is a power of two in [16, 1024]"),
              self.fused_markov_step),
         ]
         for ok, name, allowed, value in checks:

@@ -53,20 +53,24 @@ if triton is not None:
     @triton.jit
     def _markov_step_kernel(w1_ptr, w2_ptr, base_ptr, prev_ptr, temperature_ptr, seed_ptr,
                             position_ptr, best_ptr, index_ptr, R, V, base_stride, step,
-                            RANK: tl.constexpr, R_PAD: tl.constexpr, BLOCK: tl.constexpr):
+                            RANK: tl.constexpr, R_PAD: tl.constexpr, BLOCK: tl.constexpr,
+                            BLOCK_K: tl.constexpr):
         tile = tl.program_id(0)
         rows = tl.arange(0, R_PAD)
         row_ok = rows < R
         cols = tile * BLOCK + tl.arange(0, BLOCK)
         col_ok = cols < V
-        ranks = tl.arange(0, RANK)
 
         prev = tl.load(prev_ptr + rows, mask=row_ok, other=0)
-        e = tl.load(w1_ptr + prev[:, None] * RANK + ranks[None, :], mask=row_ok[:, None],
-                    other=0.0)
-        w2 = tl.load(w2_ptr + cols[:, None] * RANK + ranks[None, :], mask=col_ok[:, None],
-                     other=0.0)
-        bias = _round_bf16(tl.dot(e, tl.trans(w2), out_dtype=tl.float32))
+        acc = tl.zeros((R_PAD, BLOCK), dtype=tl.float32)
+        for start in tl.static_range(0, RANK, BLOCK_K):  # W2 tile by tile of the rank
+            ranks = start + tl.arange(0, BLOCK_K)
+            e = tl.load(w1_ptr + prev[:, None] * RANK + ranks[None, :], mask=row_ok[:, None],
+                        other=0.0)
+            w2 = tl.load(w2_ptr + cols[:, None] * RANK + ranks[None, :], mask=col_ok[:, None],
+                         other=0.0)
+            acc = tl.dot(e, tl.trans(w2), acc, out_dtype=tl.float32)
+        bias = _round_bf16(acc)
         both_ok = row_ok[:, None] & col_ok[None, :]
         base = tl.load(base_ptr + rows[:, None] * base_stride + cols[None, :], mask=both_ok,
                        other=0.0).to(tl.float32)
@@ -106,7 +110,8 @@ if triton is not None:
         torch.library.wrap_triton(_markov_step_kernel)[(tiles,)](
             w1, w2, base, prev, temperature, seed, anchor_pos, best, index, R, V,
             base.stride(0), step, RANK=w1.shape[1],
-            R_PAD=max(16, triton.next_power_of_2(R)), BLOCK=BLOCK_V)
+            R_PAD=max(16, triton.next_power_of_2(R)), BLOCK=BLOCK_V,
+            BLOCK_K=min(64, w1.shape[1]))
         return index.gather(1, best.argmax(1, keepdim=True)).squeeze(1)
 
 

@@ -20,7 +20,8 @@ ON_CUDA_ONLY = "the kernel runs on CUDA; elsewhere a fused lane keeps the loop"
 
 
 @pytest.mark.parametrize("changes", [dict(markov_head="gated"), dict(markov_head="rnn"),
-                                     dict(dtype="float32")])
+                                     dict(dtype="float32"), dict(markov_rank=48),
+                                     dict(markov_rank=8)])
 def test_the_fused_step_is_refused_where_the_kernel_does_not_apply(changes):
     with pytest.raises(ConfigError, match="fused_markov_step"):
         lane_config("tiny", fused_markov_step=True, **changes)
