@@ -28,10 +28,11 @@ def test_the_fused_step_is_refused_where_the_kernel_does_not_apply(changes):
 
 
 # The kernel, run by Triton's interpreter on the CPU, step by step against markov_loop on the
-# same inputs: the second half of W2's rows and of the base logits repeats the first, so
-# rows meet exact ties across tiles, which the lowest index must win. Odd rows sample at T = 0.8. The
-# interpreter cannot load bf16 from CPU memory, so the kernel gets fp32 copies of the bf16
-# values (the same numbers).
+# same inputs: W2's rows and the base logits repeat inside the first tile, and their second
+# half repeats the first, so rows meet exact ties inside and across tiles, which the lowest
+# index must win. Odd rows sample at
+# T = 0.8. The interpreter cannot load bf16 from CPU memory, so the kernel gets fp32 copies
+# of the bf16 values (the same numbers).
 INTERPRETED = """
 import json, torch
 from dspark_compile import fused_markov
@@ -43,30 +44,35 @@ from dspark_compile.model.vocab import to_target
 lane = lane_config("tiny_d2t", draft_vocab_size=320)  # 2.5 tiles: the last one masked
 drafter = random_drafter(lane, "cpu", seed=3)
 head = drafter.markov_head
-V, R = lane.draft_vocab_size, 6
+V = lane.draft_vocab_size
 half = V // 2
 assert half >= fused_markov.BLOCK_V  # the repeats lie in other tiles
 g = torch.Generator().manual_seed(0)
 with torch.no_grad():
-    head.markov_w2.weight[half:2 * half] = head.markov_w2.weight[:half]
-    base = (torch.randint(-6, 6, (R, lane.k, V), generator=g) / 4).bfloat16()
-    base[..., half:2 * half] = base[..., :half]
-    anchor = torch.randint(0, lane.target_vocab_size, (R,), generator=g)
-    temperature = torch.tensor([0.0, 0.8] * (R // 2))
-    seed = torch.arange(R) * 7
-    anchor_pos = torch.arange(R) + 40
-    h = torch.zeros(R, lane.k, lane.hidden_size, dtype=torch.bfloat16)
-    ids, prevs, z = markov_loop(drafter, h, base, anchor, temperature, seed, anchor_pos)
-    wide = base.float()  # strided per step, as in the draft step
-    differ = ties = 0
-    for step in range(lane.k):
-        got = fused_markov.markov_step(
-            head.markov_w1.weight.float(), head.markov_w2.weight.float(), wide[:, step],
-            prevs[:, step], temperature, seed, anchor_pos, step)
-        differ += int((to_target(got, drafter.d2t) != ids[:, step]).sum())
-        top = z[:, step].float()
-        ties += int(((top == top.max(-1, keepdim=True).values).sum(-1) > 1)[0::2].sum())
-print(json.dumps(dict(differ=differ, ties=ties, tokens=ids.numel())))
+    head.markov_w2.weight[64:96] = head.markov_w2.weight[0:32]  # ties inside a tile
+    head.markov_w2.weight[half:2 * half] = head.markov_w2.weight[:half]  # and across
+differ = ties = tokens = 0
+for R in (1, 6, 20):  # padded to 16 and 32 rows inside the kernel
+    with torch.no_grad():
+        base = (torch.randint(-6, 6, (R, lane.k, V), generator=g) / 4).bfloat16()
+        base[..., 64:96] = base[..., 0:32]
+        base[..., half:2 * half] = base[..., :half]
+        anchor = torch.randint(0, lane.target_vocab_size, (R,), generator=g)
+        temperature = torch.tensor([0.0, 0.8] * R)[:R]
+        seed = torch.arange(R) * 7
+        anchor_pos = torch.arange(R) + 40
+        h = torch.zeros(R, lane.k, lane.hidden_size, dtype=torch.bfloat16)
+        ids, prevs, z = markov_loop(drafter, h, base, anchor, temperature, seed, anchor_pos)
+        wide = base.float()  # strided per step, as in the draft step
+        for step in range(lane.k):
+            got = fused_markov.markov_step(
+                head.markov_w1.weight.float(), head.markov_w2.weight.float(), wide[:, step],
+                prevs[:, step], temperature, seed, anchor_pos, step)
+            differ += int((to_target(got, drafter.d2t) != ids[:, step]).sum())
+            top = z[:, step].float()
+            ties += int(((top == top.max(-1, keepdim=True).values).sum(-1) > 1)[0::2].sum())
+        tokens += ids.numel()
+print(json.dumps(dict(differ=differ, ties=ties, tokens=tokens)))
 """
 
 
