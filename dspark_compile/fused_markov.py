@@ -1,4 +1,4 @@
-"""One Markov step (vanilla head, bf16) as one Triton kernel, registered as ``dspark::markov_step``.
+"""One Markov step (vanilla head, bf16) as one Triton kernel: the op ``dspark::markov_step``.
 
 The kernel gathers ``W1[prev]``, multiplies it against a tile of W2 on the tensor cores,
 rounds the bias to bf16, adds the step's base row and rounds again (a bf16 ``+``), adds the
@@ -13,9 +13,9 @@ Off CUDA the step stays the loop body of :func:`dspark_compile.draft.markov_loop
 reference this kernel is tested against.
 
 Arithmetic: the bias is summed in fp32 like cuBLAS's bf16 GEMV, but in the tensor cores'
-order, so its bf16 rounding can differ from the reference's in rare elements (a few in
-100,000 on random weights); a token changes only where such an element decides a
-near-tie. The benchmark and dspark-verify report the near-ties they meet.
+order, so its bf16 rounding can differ from the reference's in rare elements (two fp32
+orders disagreed on about 7 in 100,000 on random weights); a token changes only where such
+an element decides a near-tie. The benchmark and dspark-verify report the near-ties they meet.
 """
 
 from __future__ import annotations
