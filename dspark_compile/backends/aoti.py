@@ -4,10 +4,9 @@ of a 27B-class drafter do not carry three copies of 8.8 GB."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Callable
-
-import sys
 
 import torch
 import torch._inductor
