@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -85,6 +86,37 @@ def test_the_kernel_matches_the_loop_step_in_the_triton_interpreter():
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["ties"] > 0, report  # the greedy rows met exact ties to break
     assert report["differ"] == 0, report
+
+
+# the kernel's arguments as the op passes them for a bf16 lane
+SIGNATURE = {"w1_ptr": "*bf16", "w2_ptr": "*bf16", "base_ptr": "*bf16", "prev_ptr": "*i64",
+             "temperature_ptr": "*fp32", "seed_ptr": "*i64", "position_ptr": "*i64",
+             "best_ptr": "*fp64", "index_ptr": "*i64", "R": "i32", "V": "i32",
+             "base_stride": "i32", "step": "i32", "RANK": "constexpr", "R_PAD": "constexpr",
+             "BLOCK": "constexpr", "BLOCK_K": "constexpr"}
+
+
+@pytest.mark.skipif(fused_markov.triton is None, reason=NO_TRITON)
+@pytest.mark.parametrize("rows", [1, 20, 64])
+def test_the_kernel_compiles_for_the_h200_without_register_spills(rows, tmp_path):
+    """Triton compiles ahead of time with the ptxas it ships, no GPU needed: sm_90 (the
+    H200), the real lanes' rank 256, the launch shape the op uses for ``rows`` requests."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    padded, block, warps = fused_markov.launch_shape(rows)
+    source = ASTSource(fn=fused_markov._markov_step_kernel, signature=SIGNATURE,
+                       constexprs=dict(RANK=256, R_PAD=padded, BLOCK=block, BLOCK_K=64))
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                            options=dict(num_warps=warps))
+    ptx = tmp_path / "kernel.ptx"
+    ptx.write_text(kernel.asm["ptx"])
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    report = subprocess.run([str(ptxas), "--gpu-name", "sm_90a", "-v", str(ptx), "-o",
+                             str(tmp_path / "kernel.cubin")], capture_output=True, text=True)
+    assert report.returncode == 0, report.stderr
+    assert " 0 bytes spill stores" in report.stderr, report.stderr
 
 
 @pytest.mark.parametrize("lane_name", ["tiny", "tiny_d2t"])
