@@ -10,6 +10,7 @@ code.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import fcntl
 import hashlib
@@ -38,14 +39,38 @@ MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
 
 
+def compiled_sources() -> list[Path]:
+    """This package's modules that the draft step and the backends import, transitively:
+    the source that defines what gets compiled."""
+    package = Path(__file__).resolve().parent
+    todo, seen = [package / "draft.py", *package.glob("backends/*.py")], set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for name in names:
+                if name.startswith("dspark_compile."):
+                    module = package.joinpath(*name.split(".")[1:])
+                    todo += [p for p in (module.with_suffix(".py"), module / "__init__.py")
+                             if p.is_file()]
+    return sorted(seen)
+
+
 def code_fingerprint() -> str:
-    """sha256 of the source that defines what gets compiled: a change to the draft step's
-    arithmetic makes a new key, so an artifact of older code is never reused."""
+    """sha256 of :func:`compiled_sources`: a change to the draft step's arithmetic makes a
+    new key, so an artifact of older code is never reused."""
     package = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for path in sorted([package / "config.py", package / "draft.py",
-                        *package.glob("model/*.py"), *package.glob("backends/*.py")]):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    for path in compiled_sources():
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
 

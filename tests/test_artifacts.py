@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import dspark_compile
+
 from dspark_compile.artifacts import (MANIFEST, WEIGHTS, ArtifactKey, build_artifact,
-                                      environment, read_manifest)
+                                      compiled_sources, environment, read_manifest)
 from dspark_compile.checkpoint import random_drafter
 from dspark_compile.config import lane_config
 from dspark_compile.errors import ArtifactError
@@ -85,6 +87,15 @@ def test_artifact_of_other_draft_step_code_is_refused(artifact):
                   rekey=True)
     with pytest.raises(ArtifactError, match="dspark_code: artifact '0123456789abcdef'"):
         load_runner(artifact, "cpu")
+
+
+def test_code_fingerprint_covers_every_module_the_draft_step_imports():
+    package = Path(dspark_compile.__file__).parent
+    sources = {str(p.relative_to(package)) for p in compiled_sources()}
+    # draft.py imports rng and fused_markov directly, heads.py through model/__init__.py
+    assert {"draft.py", "rng.py", "fused_markov.py", "model/heads.py", "model/vocab.py",
+            "backends/aoti.py", "config.py"} <= sources
+    assert not sources & {"runtime.py", "bench.py", "artifacts.py", "cli.py"}
 
 
 def test_manifest_naming_a_file_outside_the_artifact_is_refused(artifact):
