@@ -1,10 +1,14 @@
 """One Markov step (vanilla head, bf16) as one Triton kernel: the op ``dspark::markov_step``.
 
 The kernel gathers ``W1[prev]``, multiplies it against a tile of W2 on the tensor cores,
-rounds the bias to bf16, adds the step's base row and rounds again (a bf16 ``+``), adds the
-Gumbel noise on rows with T > 0 and reduces each tile to its best score and first index.
-No ``[R, V]`` row is written: each program leaves one (score, index) pair per request, and
-the first tile holding a request's maximum gives its id (the lowest index wins ties, as in
+rounds the bias to bf16, adds the step's base row and rounds again (a bf16 ``+``) and reduces
+each tile to its best score and first index. Greedy rows compare the bf16 values in fp32,
+exactly. Sampled rows (T > 0) score ``z / T + G`` in float64 as the reference does, but only
+where it can matter: an fp32 estimate of every column's score singles out the one column
+that can win, and only that column is scored in float64; a tile whose estimates leave two
+or more contenders is scored in float64 throughout. No ``[R, V]`` row is written: each
+program leaves one (score, index) pair per request, and the first tile holding a request's
+maximum gives its id (the lowest index wins ties, as in
 :func:`dspark_compile.draft.first_argmax`).
 
 ``torch.library.triton_op`` lets ``torch.compile``, ``torch.export`` and AOTInductor see
@@ -59,6 +63,21 @@ if triton is not None:
         return x ^ (x >> 16)
 
     @triton.jit
+    def _gumbel_scores(z, t, h):
+        # z / T + G in float64 for hash values h, as draft.sample computes it (rng.gumbel)
+        u = (h.to(tl.float64) + 0.5) / 4294967296.0
+        return z.to(tl.float64) / t.to(tl.float64) - tl.log(-tl.log(u))
+
+    @triton.jit
+    def _gumbel_fp32(h):
+        # G = -log(-log(u)) in fp32 within 1e-5 of float64 (u = (h + 0.5) / 2^32): -log(u)
+        # comes from 1 - u, kept exact, where u is near 1 and fp32 cannot tell u from 1
+        d = ((h ^ 0xFFFFFFFF).to(tl.float32) + 0.5) * 2.3283064365386963e-10  # 1 - u
+        series = d * (1.0 + d * (0.5 + d * (0.3333333432674408 + d * 0.25)))
+        u = (h.to(tl.float32) + 0.5) * 2.3283064365386963e-10
+        return -tl.log(tl.where(d < 0.015625, series, -tl.log(u)))
+
+    @triton.jit
     def _markov_step_kernel(w1_ptr, w2_ptr, base_ptr, prev_ptr, temperature_ptr, seed_ptr,
                             position_ptr, best_ptr, index_ptr, R, V, base_stride, step,
                             RANK: tl.constexpr, R_PAD: tl.constexpr, BLOCK: tl.constexpr,
@@ -82,23 +101,44 @@ if triton is not None:
         both_ok = row_ok[:, None] & col_ok[None, :]
         base = tl.load(base_ptr + rows[:, None] * base_stride + cols[None, :], mask=both_ok,
                        other=0.0).to(tl.float32)
-        scores = _round_bf16(base + bias).to(tl.float64)
+        z = _round_bf16(base + bias)  # bf16 values, exact in fp32: greedy rows stay fp32
+        z = tl.where(col_ok[None, :], z, float("-inf"))
+        best, index = tl.max(z, axis=1, return_indices=True, return_indices_tie_break_left=True)
+        best = best.to(tl.float64)
 
         temperature = tl.load(temperature_ptr + rows, mask=row_ok, other=0.0)
         hot = temperature > 0
         if tl.max(hot.to(tl.int32), axis=0) > 0:  # greedy batches skip the noise
-            h = _mix(tl.load(seed_ptr + rows, mask=row_ok, other=0).to(tl.uint32))
-            h = _mix(h ^ tl.load(position_ptr + rows, mask=row_ok, other=0).to(tl.uint32))
-            h = _mix(h ^ step)
-            h = _mix(h[:, None] ^ cols[None, :].to(tl.uint32))
-            u = (h.to(tl.float64) + 0.5) / 4294967296.0
-            noisy = scores / tl.where(hot, temperature, 1.0).to(tl.float64)[:, None] \
-                - tl.log(-tl.log(u))
-            scores = tl.where(hot[:, None], noisy, scores)
+            row_key = _mix(tl.load(seed_ptr + rows, mask=row_ok, other=0).to(tl.uint32))
+            row_key = _mix(row_key ^ tl.load(position_ptr + rows, mask=row_ok,
+                                             other=0).to(tl.uint32))
+            row_key = _mix(row_key ^ step)
+            h = _mix(row_key[:, None] ^ cols[None, :].to(tl.uint32))
+            t = tl.where(hot, temperature, 1.0)
+            # The float64 score z / T + G of every column costs two float64 logs each; an
+            # fp32 estimate (error below 2e-5 + 2e-7 |score|) finds the one column that can
+            # win, and only it is scored in float64. Where the estimates cannot single one
+            # out (near-ties, exact ties), the whole tile is scored in float64.
+            estimate = tl.where(col_ok[None, :], z / t[:, None] + _gumbel_fp32(h),
+                                float("-inf"))
+            slack = 2e-4 + 1e-5 * tl.abs(estimate)
+            lowest_best = tl.max(estimate - slack, axis=1)
+            contenders = tl.sum((estimate + slack >= lowest_best[:, None]).to(tl.int32), axis=1)
+            if tl.max(tl.where(hot, contenders, 0), axis=0) > 1:
+                exact = tl.where(col_ok[None, :], _gumbel_scores(z, t[:, None], h),
+                                 float("-inf"))
+                hot_best, hot_index = tl.max(exact, axis=1, return_indices=True,
+                                             return_indices_tie_break_left=True)
+            else:
+                _, hot_index = tl.max(estimate, axis=1, return_indices=True,
+                                      return_indices_tie_break_left=True)
+                picked = tl.arange(0, BLOCK)[None, :] == hot_index[:, None]
+                z_picked = tl.max(tl.where(picked, z, float("-inf")), axis=1)
+                h_picked = _mix(row_key ^ (tile * BLOCK + hot_index).to(tl.uint32))
+                hot_best = _gumbel_scores(z_picked, t, h_picked)
+            best = tl.where(hot, hot_best, best)
+            index = tl.where(hot, hot_index, index)
 
-        scores = tl.where(col_ok[None, :], scores, float("-inf"))
-        best, index = tl.max(scores, axis=1, return_indices=True,
-                             return_indices_tie_break_left=True)
         tiles = tl.num_programs(0)
         tl.store(best_ptr + rows * tiles + tile, best, mask=row_ok)
         tl.store(index_ptr + rows * tiles + tile, index + tile * BLOCK, mask=row_ok)

@@ -2,12 +2,14 @@
 loop and as the fused Triton step, each captured in one CUDA graph, at a lane's shapes.
 
     python scripts/markov_loop_bench.py --lane qwen36_27b --batches 1 8 64 --out loop.json
+    python scripts/markov_loop_bench.py ... --launch 128x8 256x8  # tiling: columns x warps
 
 Only the Markov head is built (random weights drawn as ``checkpoint.random_drafter`` draws
 them), with random base logits. The floor is the loop's own traffic, W2 read once per step
 and the base logits ``[R, k, V]`` read once, over the copy bandwidth measured in the same
 run (or its FLOPs over the matmul rate, if larger). Each batch also drafts ``--trials``
 fresh rounds (odd rows sampled at T = 1) and counts the ids where the two loops differ.
+``--launch`` times the fused loop at other tilings than ``fused_markov.launch_shape``'s.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from types import SimpleNamespace
 
 import torch
 
+from dspark_compile import fused_markov
 from dspark_compile.artifacts import environment
 from dspark_compile.bench import measure_ceilings, significant
 from dspark_compile.config import lane_config
@@ -48,6 +51,8 @@ def main() -> None:
     parser.add_argument("--lane", default="qwen36_27b")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--launch", nargs="*", default=[],
+                        help="extra fused tilings, COLUMNSxWARPS (e.g. 256x8)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     device = torch.device("cuda")
@@ -88,7 +93,15 @@ def main() -> None:
         loop_bytes = (k * V * r + R * k * V) * size
         flops = 2 * R * k * r * V
         floor_ms = max(loop_bytes / ceilings.bandwidth, flops / ceilings.matmul) * 1e3
-        for name, loop in loops.items():
+        default = fused_markov.launch_shape
+        timed = [(name, loop, default) for name, loop in loops.items()]
+        for launch in args.launch:
+            block, warps = map(int, launch.split("x"))
+            timed.append((f"loop (fused, {block}x{warps})", loops["loop (fused)"],
+                          lambda rows, block=block, warps=warps: (default(rows)[0], block, warps)))
+        for name, loop, shape in timed:
+            fused_markov.launch_shape = shape
+            markov_loop(loop, **inputs, keep_logits=False)  # compiles the kernel outside capture
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 markov_loop(loop, **inputs, keep_logits=False)
@@ -97,9 +110,10 @@ def main() -> None:
                              floor_ms=significant(floor_ms), vs_floor=significant(ms / floor_ms),
                              floor_bytes=loop_bytes, ids_compared=compared,
                              ids_differing=differing))
-            print(f"{lane.name:14s} {R:3d} {name:13s} {ms:8.4f} ms  floor {floor_ms:.4f} ms  "
+            print(f"{lane.name:14s} {R:3d} {name:24s} {ms:8.4f} ms  floor {floor_ms:.4f} ms  "
                   f"x{ms / floor_ms:.3f}  ids differing {differing}/{compared}", flush=True)
             del graph
+        fused_markov.launch_shape = default
     result = dict(lane=lane.to_dict(), env=environment(device),
                   ceilings=dataclasses.asdict(ceilings), rows=rows)
     with open(args.out, "w") as f:

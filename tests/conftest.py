@@ -44,19 +44,20 @@ def both_paths():
 
 
 BUILD = """
-import sys
+import json, sys
 from dspark_compile.artifacts import build_artifact
 from dspark_compile.checkpoint import random_drafter
 from dspark_compile.config import lane_config
-backend, lane, root, device, *buckets = sys.argv[1:]
-drafter = random_drafter(lane_config(lane), device, seed=0)
+backend, lane, overrides, root, device, *buckets = sys.argv[1:]
+drafter = random_drafter(lane_config(lane, **json.loads(overrides)), device, seed=0)
 print(build_artifact(drafter, backend, [int(b) for b in buckets], root)[0])
 """
 
 
 @pytest.fixture(scope="session")
 def built_artifact(tmp_path_factory):
-    """``built_artifact(backend, lane_name, buckets=(3,))``: built once per session, seed 0.
+    """``built_artifact(backend, lane_name, buckets=(3,), **lane_overrides)``: built once
+    per session, seed 0.
 
     Each build runs in a fresh process, as ``dspark-compile`` does: a CPU AOTInductor
     build inside the test process took about 570 s against 85 s in a fresh one.
@@ -64,12 +65,13 @@ def built_artifact(tmp_path_factory):
     root = tmp_path_factory.mktemp("artifacts")
     built = {}
 
-    def get(backend: str, lane_name: str, buckets=(3,)):
-        key = (backend, lane_name, tuple(buckets))
+    def get(backend: str, lane_name: str, buckets=(3,), **lane_overrides):
+        overrides = json.dumps(lane_overrides, sort_keys=True)
+        key = (backend, lane_name, overrides, tuple(buckets))
         if key not in built:
             result = subprocess.run(
-                [sys.executable, "-c", BUILD, backend, lane_name, str(root), str(DEVICE),
-                 *map(str, buckets)], capture_output=True, text=True, timeout=1200)
+                [sys.executable, "-c", BUILD, backend, lane_name, overrides, str(root),
+                 str(DEVICE), *map(str, buckets)], capture_output=True, text=True, timeout=1200)
             assert result.returncode == 0, result.stderr[-3000:]
             built[key] = Path(result.stdout.strip().splitlines()[-1])
         return built[key]

@@ -82,6 +82,9 @@ def test_the_kernel_matches_the_loop_step_in_the_triton_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     result = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True,
                             text=True, timeout=600)
+    if "wrap_triton only works on functions annotated" in result.stderr:
+        pytest.skip("this torch's wrap_triton refuses Triton's interpreted kernels "
+                    "(torch 2.13 runs them); the CUDA tests below check the kernel here")
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["ties"] > 0, report  # the greedy rows met exact ties to break
@@ -132,16 +135,27 @@ def test_a_fused_lane_matches_the_host_path(both_paths, device, lane_name, batch
         assert torch.equal(confidences.cpu(), ref.confidences)
 
 
-def test_compiled_and_exported_graphs_keep_the_kernel(device):
+@pytest.mark.parametrize("backend", ["inductor", "aoti"])
+def test_compiled_artifacts_of_a_fused_lane_are_token_identical(built_artifact, fresh_verify,
+                                                                device, backend):
+    """Inductor (fullgraph) and AOTInductor keep the kernel in their one graph: a graph
+    break fails the build, a dropped or rewritten step fails dspark-verify."""
+    if device.type != "cuda":
+        pytest.skip(ON_CUDA_ONLY)
+    artifact = built_artifact(backend, "tiny_d2t", fused_markov_step=True)
+    code, report, stderr = fresh_verify(artifact, "temperature=1.0", "rounds=12")
+    assert code == 0, stderr
+    assert report["identical"] and report["tokens_compared"] > 0
+
+
+def test_the_exported_program_calls_the_kernel(device):
     if device.type != "cuda":
         pytest.skip(ON_CUDA_ONLY)
     lane = lane_config("tiny_d2t", fused_markov_step=True)
     step = DraftStep(random_drafter(lane, device, seed=0))
     inputs = next(iter(synthetic_rounds(lane, 3, 40, 1, 0, device, 1.0))).tensors()
-    caches = [KVCache.allocate(lane, 3, device, 64) for _ in range(2)]
+    cache = KVCache.allocate(lane, 3, device, 64)
     with torch.no_grad():
-        eager = step(caches[0].k, caches[0].v, *inputs)
-        compiled = torch.compile(step, fullgraph=True)(caches[1].k, caches[1].v, *inputs)
-        program = torch.export.export(step, (caches[1].k, caches[1].v, *inputs), strict=False)
-    assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
-    assert "markov_step" in str(program.graph)
+        program = torch.export.export(step, (cache.k, cache.v, *inputs), strict=False)
+    calls = [n for n in program.graph.nodes if n.target is torch.ops.dspark.markov_step.default]
+    assert len(calls) == lane.k
