@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # On the H200 (device tool): the `real` sweep for one lane, sized to end inside one
 # 10-minute call; the table, the per-job bench JSON and the log go to $OUT.
-#   bash scripts/device_sweep.sh qwen36_35b_a3b '[eager,inductor]' 512,4096
-# Each AOTInductor build of a real lane takes 3-5 minutes there: sweep aoti in its own call.
+#   bash scripts/device_sweep.sh qwen36_27b '[eager,inductor,aoti]' 4096,512
+# Build the artifacts first, in a call of their own (scripts/device_build.sh): a 27B job
+# that finds them took about 230 s per context in the fifth session.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-lane=${1:?lane} backends=${2:-[eager,inductor]} contexts=${3:-512,4096}
+lane=${1:?lane} backends=${2:-[eager,inductor,aoti]} contexts=${3:-512,4096}
 out=${OUT:?} sweep=/tmp/sweep_$lane
 timeout "${SWEEP_TIMEOUT:-540}" python3 -c 'from dspark_compile.cli import sweep_main; sweep_main()' \
   -m sweep=real lane="$lane" "backends=$backends" context="$contexts" artifacts_dir=/tmp/arts \
