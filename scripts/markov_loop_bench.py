@@ -114,11 +114,12 @@ def main() -> None:
                   f"x{ms / floor_ms:.3f}  ids differing {differing}/{compared}", flush=True)
             del graph
         fused_markov.launch_shape = default
-    result = dict(lane=lane.to_dict(), env=environment(device),
-                  ceilings=dataclasses.asdict(ceilings), rows=rows)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
-        f.write("\n")
+        # after every batch, so a run cut short keeps what it measured
+        result = dict(lane=lane.to_dict(), env=environment(device),
+                      ceilings=dataclasses.asdict(ceilings), rows=rows)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
 
 
 if __name__ == "__main__":
