@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import dspark_compile
-
 from dspark_compile.artifacts import (MANIFEST, WEIGHTS, ArtifactKey, build_artifact,
                                       compiled_sources, environment, read_manifest)
 from dspark_compile.checkpoint import random_drafter
