@@ -68,6 +68,8 @@ def main() -> None:
                                    lane=dataclasses.replace(lane, fused_markov_step=fused))
              for name, fused in (("loop (eager)", False), ("loop (fused)", True))}
     ceilings = measure_ceilings(device, lane.torch_dtype)
+    header = dict(lane=lane.to_dict(), env=environment(device),
+                  ceilings=dataclasses.asdict(ceilings))
     size = torch.finfo(lane.torch_dtype).bits // 8
     k, V, r = lane.k, lane.draft_vocab_size, lane.markov_rank
     rows = []
@@ -114,11 +116,8 @@ def main() -> None:
                   f"x{ms / floor_ms:.3f}  ids differing {differing}/{compared}", flush=True)
             del graph
         fused_markov.launch_shape = default
-        # after every batch, so a run cut short keeps what it measured
-        result = dict(lane=lane.to_dict(), env=environment(device),
-                      ceilings=dataclasses.asdict(ceilings), rows=rows)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
+        with open(args.out, "w") as f:  # after every batch: a run cut short keeps its rows
+            json.dump(dict(header, rows=rows), f, indent=2)
             f.write("\n")
 
 
