@@ -136,27 +136,25 @@ def markov_loop(drafter: Drafter, h: Tensor, base_logits: Tensor, anchor: Tensor
                 keep_logits: bool = True) -> tuple[Tensor, Tensor, Optional[Tensor]]:
     """The Markov walk, unrolled: ids ``[R, k]``, ids fed to each step, and the corrected
     logits ``[R, k, V]`` when ``keep_logits``. A lane with ``fused_markov_step`` runs each
-    step as one Triton kernel on CUDA, which never writes the logits."""
+    step as one Triton launch on CUDA, which never writes the logits."""
     head = drafter.markov_head
-    fused = drafter.lane.fused_markov_step and base_logits.is_cuda and not keep_logits
+    if drafter.lane.fused_markov_step and base_logits.is_cuda and not keep_logits:
+        ids = fused_markov.markov_walk(head.markov_w1.weight, head.markov_w2.weight,
+                                       base_logits, anchor, temperature, seed, anchor_pos,
+                                       drafter.d2t)
+        return ids, torch.cat([anchor[:, None], ids[:, :-1]], 1), None
     prev, state = anchor, head.initial_state(h)
     wide = torch.promote_types(base_logits.dtype, torch.float32)
     ids, prevs, logits = [], [], []
     for step in range(base_logits.shape[1]):
         prevs.append(prev)
-        if fused:
-            draft_ids = fused_markov.markov_step(
-                head.markov_w1.weight, head.markov_w2.weight, base_logits[:, step], prev,
-                temperature, seed, anchor_pos, step)
-        else:
-            bias, state = head.step_bias(prev, h[:, step], state)
-            # A model-dtype '+', spelled out (widen, add, round once) so that no compiler
-            # folds the add into the bias GEMM, which would skip the rounding of the bias.
-            z = rounded(base_logits[:, step].to(wide) + bias.to(wide), bias.dtype)
-            draft_ids = sample(z, temperature, seed, anchor_pos, step)
-            logits.append(z.to(bias.dtype))
-        prev = to_target(draft_ids, drafter.d2t)
+        bias, state = head.step_bias(prev, h[:, step], state)
+        # A model-dtype '+', spelled out (widen, add, round once) so that no compiler
+        # folds the add into the bias GEMM, which would skip the rounding of the bias.
+        z = rounded(base_logits[:, step].to(wide) + bias.to(wide), bias.dtype)
+        prev = to_target(sample(z, temperature, seed, anchor_pos, step), drafter.d2t)
         ids.append(prev)
+        logits.append(z.to(bias.dtype))
     kept = torch.stack(logits, 1) if keep_logits else None
     return torch.stack(ids, 1), torch.stack(prevs, 1), kept
 

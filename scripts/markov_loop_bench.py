@@ -1,15 +1,16 @@
 """The Markov loop alone against its floor: the k steps of one draft round, as the eager
-loop and as the fused Triton step, each captured in one CUDA graph, at a lane's shapes.
+loop and as the fused Triton walk, each captured in one CUDA graph, at a lane's shapes.
 
     python scripts/markov_loop_bench.py --lane qwen36_27b --batches 1 8 64 --out loop.json
-    python scripts/markov_loop_bench.py ... --launch 128x8 256x8  # tiling: columns x warps
+    python scripts/markov_loop_bench.py ... --launch 64x8x1 32x4x2  # columns x warps x per SM
 
 Only the Markov head is built (random weights drawn as ``checkpoint.random_drafter`` draws
 them), with random base logits. The floor is the loop's own traffic, W2 read once per step
 and the base logits ``[R, k, V]`` read once, over the copy bandwidth measured in the same
-run (or its FLOPs over the matmul rate, if larger). Each batch also drafts ``--trials``
-fresh rounds (odd rows sampled at T = 1) and counts the ids where the two loops differ.
-``--launch`` times the fused loop at other tilings than ``fused_markov.launch_shape``'s.
+run (or its FLOPs over the matmul rate, if larger). Every batch runs greedy (T = 0, the
+default) and mixed (odd rows sampled at T = 1). Each path drafts ``--trials`` fresh rounds
+and counts the ids where it differs from the eager loop. ``--launch`` times the fused walk
+at other launches than ``fused_markov.launch_shape``'s.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import statistics
 from types import SimpleNamespace
 
 import torch
+from triton.runtime.errors import OutOfResources
 
 from dspark_compile import fused_markov
 from dspark_compile.artifacts import environment
@@ -52,7 +54,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--launch", nargs="*", default=[],
-                        help="extra fused tilings, COLUMNSxWARPS (e.g. 256x8)")
+                        help="extra fused launches, COLUMNSxWARPSxPROGRAMS_PER_SM (e.g. 64x8x1)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     device = torch.device("cuda")
@@ -72,13 +74,20 @@ def main() -> None:
                   ceilings=dataclasses.asdict(ceilings))
     size = torch.finfo(lane.torch_dtype).bits // 8
     k, V, r = lane.k, lane.draft_vocab_size, lane.markov_rank
+    default = fused_markov.launch_shape
+    launches = {"loop (fused)": default}
+    for launch in args.launch:
+        block, warps, per_sm = map(int, launch.split("x"))
+        launches[f"loop (fused, {launch})"] = (
+            lambda rows, vocab, b=block, w=warps, p=per_sm:
+                fused_markov.Launch(default(rows, vocab).rows, b, w, p))
     rows = []
-    for R in args.batches:
+    for R, sampled in ((R, sampled) for R in args.batches for sampled in (False, True)):
         inputs = dict(
             h=torch.zeros(R, k, lane.hidden_size, device=device, dtype=lane.torch_dtype),
             base_logits=torch.empty(R, k, V, device=device, dtype=lane.torch_dtype),
             anchor=torch.empty(R, dtype=torch.long, device=device),
-            temperature=(torch.arange(R, device=device) % 2).float(),
+            temperature=(torch.arange(R, device=device) % 2).float() * sampled,
             seed=torch.arange(R, device=device) + 7, anchor_pos=torch.full((R,), 4096,
                                                                           device=device))
 
@@ -86,34 +95,39 @@ def main() -> None:
             inputs["base_logits"].normal_(generator=gen)
             inputs["anchor"].random_(0, lane.target_vocab_size, generator=gen)
 
-        differing, compared = 0, 0
+        trials = []  # (base logits, anchor, the eager loop's ids)
         for _ in range(args.trials):
             fresh_round()
-            ids = [markov_loop(loop, **inputs, keep_logits=False)[0] for loop in loops.values()]
-            differing += int((ids[0] != ids[1]).sum())
-            compared += ids[0].numel()
+            ids = markov_loop(loops["loop (eager)"], **inputs, keep_logits=False)[0]
+            trials.append((inputs["base_logits"].clone(), inputs["anchor"].clone(), ids))
         loop_bytes = (k * V * r + R * k * V) * size
         flops = 2 * R * k * r * V
         floor_ms = max(loop_bytes / ceilings.bandwidth, flops / ceilings.matmul) * 1e3
-        default = fused_markov.launch_shape
-        timed = [(name, loop, default) for name, loop in loops.items()]
-        for launch in args.launch:
-            block, warps = map(int, launch.split("x"))
-            timed.append((f"loop (fused, {block}x{warps})", loops["loop (fused)"],
-                          lambda rows, block=block, warps=warps: (default(rows)[0], block, warps)))
+        timed = [("loop (eager)", loops["loop (eager)"], default)]
+        timed += [(name, loops["loop (fused)"], shape) for name, shape in launches.items()]
         for name, loop, shape in timed:
             fused_markov.launch_shape = shape
-            markov_loop(loop, **inputs, keep_logits=False)  # compiles the kernel outside capture
+            differing = 0
+            try:
+                for base_logits, anchor, ids in trials:
+                    got = markov_loop(loop, **dict(inputs, base_logits=base_logits,
+                                                   anchor=anchor), keep_logits=False)[0]
+                    differing += int((got != ids).sum())
+            except OutOfResources as error:  # a launch too large for this GPU
+                print(f"{lane.name:14s} {R:3d} {name:28s} {error}", flush=True)
+                continue
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 markov_loop(loop, **inputs, keep_logits=False)
             ms = replay_ms(graph)
-            rows.append(dict(lane=lane.name, batch=R, path=name, ms=significant(ms),
-                             floor_ms=significant(floor_ms), vs_floor=significant(ms / floor_ms),
-                             floor_bytes=loop_bytes, ids_compared=compared,
-                             ids_differing=differing))
-            print(f"{lane.name:14s} {R:3d} {name:24s} {ms:8.4f} ms  floor {floor_ms:.4f} ms  "
-                  f"x{ms / floor_ms:.3f}  ids differing {differing}/{compared}", flush=True)
+            temperature = "odd rows 1" if sampled else "0"
+            rows.append(dict(lane=lane.name, batch=R, temperature=temperature, path=name,
+                             ms=significant(ms), floor_ms=significant(floor_ms),
+                             vs_floor=significant(ms / floor_ms), floor_bytes=loop_bytes,
+                             ids_compared=args.trials * R * k, ids_differing=differing))
+            print(f"{lane.name:14s} {R:3d} T={temperature:10s} {name:28s} {ms:8.4f} ms  "
+                  f"floor {floor_ms:.4f} ms  x{ms / floor_ms:.3f}  ids differing "
+                  f"{differing}/{args.trials * R * k}", flush=True)
             del graph
         fused_markov.launch_shape = default
         with open(args.out, "w") as f:  # after every batch: a run cut short keeps its rows

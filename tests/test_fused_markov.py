@@ -28,31 +28,34 @@ def test_the_fused_step_is_refused_where_the_kernel_does_not_apply(changes):
         lane_config("tiny", fused_markov_step=True, **changes)
 
 
-# The kernel, run by Triton's interpreter on the CPU, step by step against markov_loop on the
-# same inputs: W2's rows and the base logits repeat inside the first tile, and their second
-# half repeats the first, so rows meet exact ties inside and across tiles, which the lowest
-# index must win. Odd rows sample at
-# T = 0.8. The interpreter cannot load bf16 from CPU memory, so the kernel gets fp32 copies
-# of the bf16 values (the same numbers).
+# The walk, run by Triton's interpreter on the CPU, against markov_loop on the same inputs:
+# W2's rows and the base logits repeat inside the first tile, and their second half repeats
+# the first, so rows meet exact ties inside tiles, across tiles and across programs, which
+# the lowest index must win. Odd rows sample at T = 0.8. Three launches: the op's own, one
+# tile per program, and runs of three tiles (the last program's run cut short). The interpreter
+# cannot load bf16 from CPU memory, so the kernel gets fp32 copies of the bf16 values (the
+# same numbers).
 INTERPRETED = """
 import json, torch
 from dspark_compile import fused_markov
 from dspark_compile.checkpoint import random_drafter
 from dspark_compile.config import lane_config
 from dspark_compile.draft import markov_loop
-from dspark_compile.model.vocab import to_target
 
-lane = lane_config("tiny_d2t", draft_vocab_size=320)  # 2.5 tiles: the last one masked
+lane = lane_config("tiny_d2t", draft_vocab_size=320)  # 2.5 or 5 tiles: the last one masked
 drafter = random_drafter(lane, "cpu", seed=3)
 head = drafter.markov_head
 V = lane.draft_vocab_size
 half = V // 2
-assert half >= fused_markov.BLOCK_V  # the repeats lie in other tiles
 g = torch.Generator().manual_seed(0)
 with torch.no_grad():
     head.markov_w2.weight[64:96] = head.markov_w2.weight[0:32]  # ties inside a tile
     head.markov_w2.weight[half:2 * half] = head.markov_w2.weight[:half]  # and across
-differ = ties = tokens = 0
+default = fused_markov.launch_shape
+launches = {"default": default,
+            "a tile each": lambda rows, V: fused_markov.Launch(default(rows, V).rows, 128, 4, 4),
+            "runs of 3 tiles": lambda rows, V: fused_markov.Launch(default(rows, V).rows, 64, 4, 2)}
+report = {name: dict(differ=0, ties=0, tokens=0, grids=[]) for name in launches}
 for R in (1, 6, 20):  # padded to 16 and 32 rows inside the kernel
     with torch.no_grad():
         base = (torch.randint(-6, 6, (R, lane.k, V), generator=g) / 4).bfloat16()
@@ -63,17 +66,20 @@ for R in (1, 6, 20):  # padded to 16 and 32 rows inside the kernel
         seed = torch.arange(R) * 7
         anchor_pos = torch.arange(R) + 40
         h = torch.zeros(R, lane.k, lane.hidden_size, dtype=torch.bfloat16)
-        ids, prevs, z = markov_loop(drafter, h, base, anchor, temperature, seed, anchor_pos)
-        wide = base.float()  # strided per step, as in the draft step
-        for step in range(lane.k):
-            got = fused_markov.markov_step(
-                head.markov_w1.weight.float(), head.markov_w2.weight.float(), wide[:, step],
-                prevs[:, step], temperature, seed, anchor_pos, step)
-            differ += int((to_target(got, drafter.d2t) != ids[:, step]).sum())
-            top = z[:, step].float()
-            ties += int(((top == top.max(-1, keepdim=True).values).sum(-1) > 1)[0::2].sum())
-        tokens += ids.numel()
-print(json.dumps(dict(differ=differ, ties=ties, tokens=tokens)))
+        ids, _, z = markov_loop(drafter, h, base, anchor, temperature, seed, anchor_pos)
+    top = z.float()
+    ties = int(((top == top.max(-1, keepdim=True).values).sum(-1) > 1)[0::2].sum())
+    for name, launch in launches.items():
+        fused_markov.launch_shape = launch
+        got = fused_markov.markov_walk(
+            head.markov_w1.weight.float(), head.markov_w2.weight.float(), base.float(),
+            anchor, temperature, seed, anchor_pos, drafter.d2t)
+        tiles = -(-V // launch(R, V).block)
+        report[name]["grids"].append(fused_markov.grid(launch(R, V), tiles, 1))
+        report[name]["differ"] += int((got != ids).sum())
+        report[name]["ties"] += ties
+        report[name]["tokens"] += ids.numel()
+print(json.dumps(report))
 """
 
 
@@ -87,32 +93,49 @@ def test_the_kernel_matches_the_loop_step_in_the_triton_interpreter():
                     "(torch 2.13 runs them); the CUDA tests below check the kernel here")
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["ties"] > 0, report  # the greedy rows met exact ties to break
-    assert report["differ"] == 0, report
+    # (programs, tiles per program): the CPU counts as one multiprocessor
+    assert report["a tile each"]["grids"] == [[3, 1]] * 3, report
+    assert report["runs of 3 tiles"]["grids"] == [[2, 3]] * 3, report
+    for counts in report.values():
+        assert counts["ties"] > 0, report  # the greedy rows met exact ties to break
+        assert counts["differ"] == 0, report
 
 
 # the kernel's arguments as the op passes them for a bf16 lane
-SIGNATURE = {"w1_ptr": "*bf16", "w2_ptr": "*bf16", "base_ptr": "*bf16", "prev_ptr": "*i64",
+SIGNATURE = {"w1_ptr": "*bf16", "w2_ptr": "*bf16", "base_ptr": "*bf16", "anchor_ptr": "*i64",
              "temperature_ptr": "*fp32", "seed_ptr": "*i64", "position_ptr": "*i64",
-             "best_ptr": "*fp64", "index_ptr": "*i64", "R": "i32", "V": "i32",
-             "base_stride": "i32", "step": "i32", "RANK": "constexpr", "R_PAD": "constexpr",
-             "BLOCK": "constexpr", "BLOCK_K": "constexpr"}
+             "d2t_ptr": "*i64", "best_ptr": "*fp64", "index_ptr": "*i32", "count_ptr": "*i32",
+             "ids_ptr": "*i64", "R": "i32", "V": "i32", "k": "i32", "base_stride": "i32",
+             "step": "i32", "RANK": "constexpr", "R_PAD": "constexpr", "BLOCK": "constexpr",
+             "BLOCK_K": "constexpr", "RUN": "constexpr", "PROGRAMS": "constexpr",
+             "PARTS": "constexpr", "HAS_D2T": "constexpr"}
 
 
 @pytest.mark.skipif(fused_markov.triton is None, reason=NO_TRITON)
-@pytest.mark.parametrize("rows", [1, 20, 64])
-def test_the_kernel_compiles_for_the_h200_without_register_spills(rows, tmp_path):
+@pytest.mark.parametrize("rows", [1, 20, 64, 128])
+@pytest.mark.parametrize("lane_name", ["qwen36_27b", "qwen36_35b_a3b"])
+def test_the_kernel_compiles_for_the_h200_without_register_spills(lane_name, rows, tmp_path):
     """Triton compiles ahead of time with the ptxas it ships, no GPU needed: sm_90 (the
-    H200), the real lanes' rank 256, the launch shape the op uses for ``rows`` requests."""
+    H200's 132 multiprocessors), a real lane's rank and vocabulary, the launch the op
+    uses for ``rows`` requests there, and the specialization Triton's launcher gives it there:
+    pointers and the vocabulary-sized integers known to be multiples of 16 (without it
+    Triton neither vectorizes nor pipelines the loads, and the kernel is another one)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    padded, block, warps = fused_markov.launch_shape(rows)
+    lane = lane_config(lane_name)
+    launch = fused_markov.launch_shape(rows, lane.draft_vocab_size)
+    programs, run = fused_markov.grid(launch, -(-lane.draft_vocab_size // launch.block), 132)
+    names = list(SIGNATURE)
+    aligned = [n for n in names if n.endswith("_ptr")] + ["V", "base_stride"]
     source = ASTSource(fn=fused_markov._markov_step_kernel, signature=SIGNATURE,
-                       constexprs=dict(RANK=256, R_PAD=padded, BLOCK=block, BLOCK_K=64))
+                       attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned},
+                       constexprs=dict(RANK=lane.markov_rank, R_PAD=launch.rows,
+                                       BLOCK=launch.block, BLOCK_K=64, RUN=run,
+                                       PROGRAMS=programs, PARTS=64, HAS_D2T=True))
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                            options=dict(num_warps=warps))
+                            options=dict(num_warps=launch.warps))
     ptx = tmp_path / "kernel.ptx"
     ptx.write_text(kernel.asm["ptx"])
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
@@ -148,7 +171,7 @@ def test_compiled_artifacts_of_a_fused_lane_are_token_identical(built_artifact, 
     assert report["identical"] and report["tokens_compared"] > 0
 
 
-def test_the_exported_program_calls_the_kernel(device):
+def test_the_exported_program_calls_the_walk_in_place_of_the_loop(device):
     if device.type != "cuda":
         pytest.skip(ON_CUDA_ONLY)
     lane = lane_config("tiny_d2t", fused_markov_step=True)
@@ -157,5 +180,6 @@ def test_the_exported_program_calls_the_kernel(device):
     cache = KVCache.allocate(lane, 3, device, 64)
     with torch.no_grad():
         program = torch.export.export(step, (cache.k, cache.v, *inputs), strict=False)
-    calls = [n for n in program.graph.nodes if n.target is torch.ops.dspark.markov_step.default]
-    assert len(calls) == lane.k
+    targets = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.ops.dspark.markov_walk.default) == 1
+    assert torch.ops.aten.argmax.default not in targets  # the loop's reduction is gone
