@@ -14,7 +14,7 @@ for lane in ${LANES:-qwen36_27b qwen36_35b_a3b}; do
     --out "$OUT/loop_$lane${TAG:-}.json" 2>&1 | grep -v Warning | tee "$OUT/loop_$lane${TAG:-}.log"
 done
 if [ "${TESTS:-0}" = 1 ]; then
-  DSPARK_TEST_DEVICE=cuda timeout 240 python3 -m pytest tests/test_fused_markov.py \
+  DSPARK_TEST_DEVICE=cuda timeout 300 python3 -m pytest tests/test_fused_markov.py \
     -p no:cacheprovider -W ignore::DeprecationWarning > "$OUT/tests_cuda_fused.txt" 2>&1
   echo "fused tests on cuda: exit $?"; tail -n 2 "$OUT/tests_cuda_fused.txt"
 fi

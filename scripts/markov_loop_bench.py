@@ -7,8 +7,9 @@ loop and as the fused Triton walk, each captured in one CUDA graph, at a lane's 
 Only the Markov head is built (random weights drawn as ``checkpoint.random_drafter`` draws
 them), with random base logits. The floor is the loop's own traffic, W2 read once per step
 and the base logits ``[R, k, V]`` read once, over the copy bandwidth measured in the same
-run (or its FLOPs over the matmul rate, if larger). Every batch runs greedy (T = 0, the
-default) and mixed (odd rows sampled at T = 1). Each path drafts ``--trials`` fresh rounds
+run (or its FLOPs over the matmul rate, if larger); beside each time, the time its kernels
+ran and their count, from the profiler. Every batch runs greedy (T = 0, the default) and
+mixed (odd rows sampled at T = 1). Each path drafts ``--trials`` fresh rounds
 and counts the ids where it differs from the eager loop. ``--launch`` times the fused walk
 at other launches than ``fused_markov.launch_shape``'s.
 """
@@ -22,6 +23,7 @@ import statistics
 from types import SimpleNamespace
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 from triton.runtime.errors import OutOfResources
 
 from dspark_compile import fused_markov
@@ -46,6 +48,18 @@ def replay_ms(graph: torch.cuda.CUDAGraph, replays: int = 20, repeats: int = 7) 
         end.synchronize()
         times.append(start.elapsed_time(end) / replays)
     return statistics.median(times)
+
+
+def kernels_per_replay(graph: torch.cuda.CUDAGraph, replays: int = 10) -> tuple[float, float]:
+    """(ms the kernels ran, kernels) per replay, as the profiler sees them: the rest of a
+    replay's time is the time between kernels."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    return (sum(e.self_device_time_total for e in kernels) / 1e3 / replays,
+            sum(e.count for e in kernels) / replays)
 
 
 def main() -> None:
@@ -120,14 +134,16 @@ def main() -> None:
             with torch.cuda.graph(graph):
                 markov_loop(loop, **inputs, keep_logits=False)
             ms = replay_ms(graph)
+            kernels_ms, kernels = kernels_per_replay(graph)
             temperature = "odd rows 1" if sampled else "0"
             rows.append(dict(lane=lane.name, batch=R, temperature=temperature, path=name,
                              ms=significant(ms), floor_ms=significant(floor_ms),
                              vs_floor=significant(ms / floor_ms), floor_bytes=loop_bytes,
+                             kernels_ms=significant(kernels_ms), kernels=kernels,
                              ids_compared=args.trials * R * k, ids_differing=differing))
             print(f"{lane.name:14s} {R:3d} T={temperature:10s} {name:28s} {ms:8.4f} ms  "
-                  f"floor {floor_ms:.4f} ms  x{ms / floor_ms:.3f}  ids differing "
-                  f"{differing}/{args.trials * R * k}", flush=True)
+                  f"floor {floor_ms:.4f} ms  x{ms / floor_ms:.3f}  kernels {kernels_ms:.4f} ms "
+                  f"({kernels:g})  ids differing {differing}/{args.trials * R * k}", flush=True)
             del graph
         fused_markov.launch_shape = default
         with open(args.out, "w") as f:  # after every batch: a run cut short keeps its rows
