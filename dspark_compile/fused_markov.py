@@ -77,6 +77,12 @@ def grid(launch: Launch, tiles: int, sms: int) -> tuple[int, int]:
     return -(-tiles // per_program), per_program
 
 
+def reduction_chunk(launch: Launch, programs: int) -> int:
+    """How many programs' bests the last program loads at once: all of them, up to 4096
+    values."""
+    return min(1 << (programs - 1).bit_length(), max(32, 4096 // launch.rows))
+
+
 if triton is not None:
 
     @triton.jit
@@ -263,7 +269,7 @@ if triton is not None:
                 anchor if d2t is None else d2t, best, index, count, ids, R, V, k,
                 base.stride(0), step, RANK=w1.shape[1], R_PAD=launch.rows, BLOCK=launch.block,
                 BLOCK_K=min(64, w1.shape[1]), RUN=run, PROGRAMS=programs,
-                PARTS=min(triton.next_power_of_2(programs), max(32, 4096 // launch.rows)),
+                PARTS=reduction_chunk(launch, programs),
                 HAS_D2T=d2t is not None, num_warps=launch.warps)
         return ids
 

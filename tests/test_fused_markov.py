@@ -84,7 +84,7 @@ print(json.dumps(report))
 
 
 @pytest.mark.skipif(fused_markov.triton is None, reason=NO_TRITON)
-def test_the_kernel_matches_the_loop_step_in_the_triton_interpreter():
+def test_the_walk_matches_the_loop_in_the_triton_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     result = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True,
                             text=True, timeout=600)
@@ -133,7 +133,9 @@ def test_the_kernel_compiles_for_the_h200_without_register_spills(lane_name, row
                        attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned},
                        constexprs=dict(RANK=lane.markov_rank, R_PAD=launch.rows,
                                        BLOCK=launch.block, BLOCK_K=64, RUN=run,
-                                       PROGRAMS=programs, PARTS=64, HAS_D2T=True))
+                                       PROGRAMS=programs,
+                                       PARTS=fused_markov.reduction_chunk(launch, programs),
+                                       HAS_D2T=True))
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                             options=dict(num_warps=launch.warps))
     ptx = tmp_path / "kernel.ptx"
