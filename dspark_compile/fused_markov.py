@@ -1,19 +1,25 @@
-"""The k-step Markov walk (vanilla head, bf16) as one Triton launch per step: the op
-``dspark::markov_walk``.
+"""The k-step Markov walk (vanilla head, bf16) in Triton: the op ``dspark::markov_walk``.
 
-Each launch is one step. Its programs split the draft vocabulary into runs of tiles; for
-each tile a program multiplies the ``W1[prev]`` rows it gathered once against the tile of
+Two kernels, one arithmetic. Where W2 is larger than the GPU's shared memory (the 27B
+lane's 127 MB) each step is one launch (``_markov_step_kernel``) that streams W2: its
+programs split the draft vocabulary into runs of tiles, and the last program to finish
+(an atomic count) reduces the programs' bests and writes the id the next launch reads as
+its ``prev``. Where W2 fits (the 35B-A3B lane's 16 MB over 125 programs) one launch walks
+all k steps (``_markov_walk_kernel``): each program reads its tile of W2 once and keeps it
+in shared memory, and between steps every program waits until all have published their
+bests, then reduces them itself.
+
+Per tile, a program multiplies the ``W1[prev]`` rows it gathered once against the tile of
 W2 on the tensor cores, rounds the bias to bf16, adds the step's base row and rounds again
-(a bf16 ``+``), and keeps each request's best score and first index over its run. Greedy
-rows compare the bf16 values in fp32, exactly. Sampled rows (T > 0) score ``z / T + G`` in
-float64 as the reference does, but only where it can matter: one pass over an fp32
-estimate of every column's score finds the tile's leader, the runner-up and so whether the
-leader is alone, and whether the tile can beat the run's best at all; only then is the
-leader scored in float64, or every column of a tile whose estimates leave two contenders.
-The last program to finish (an atomic count) reduces the programs' bests, the lowest index
-winning ties as in :func:`dspark_compile.draft.first_argmax`, maps the id through d2t and
-writes it where the next step's launch reads its ``prev``. No ``[R, V]`` row is written,
-and only ``[R, k]`` target ids leave the op.
+(a bf16 ``+``), and keeps each request's best score and first index. Greedy rows compare
+the bf16 values in fp32, exactly. Sampled rows (T > 0) score ``z / T + G`` in float64 as
+the reference does, but only where it can matter: one pass over an fp32 estimate of every
+column's score finds the tile's leader, the runner-up and so whether the leader is alone,
+and whether the tile can beat the best so far at all; only then is the leader scored in
+float64, or every column of a tile whose estimates leave two contenders. The reduction
+over programs lets the lowest index win ties as :func:`dspark_compile.draft.first_argmax`
+does and maps the id through d2t. No ``[R, V]`` row is written, and only ``[R, k]`` target
+ids leave the op.
 
 ``torch.library.triton_op`` lets ``torch.compile``, ``torch.export`` and AOTInductor see
 the kernel and keep it inside their graphs; its fake implementation comes from tracing.
@@ -43,31 +49,43 @@ except ImportError:  # the CPU wheels of torch come without Triton
 
 @dataclass(frozen=True)
 class Launch:
-    """How one step's launch is cut: requests padded to ``rows`` (the tensor cores' and
+    """How the walk is launched: requests padded to ``rows`` (the tensor cores' and
     Triton's power-of-two shapes), ``block`` columns per tile, ``warps`` per program, and
     at most ``programs_per_sm`` programs per streaming multiprocessor, each taking a run
-    of whole tiles (fewer programs, fewer partial results for the last one to reduce)."""
+    of whole tiles (fewer programs, fewer partial results for the last one to reduce).
+    ``resident``: one launch for all k steps, each program holding one tile of W2 on chip
+    for the whole walk (where W2 fits in the multiprocessors' shared memory); otherwise
+    one launch per step, streaming W2."""
 
     rows: int
     block: int
     warps: int
     programs_per_sm: int
+    resident: bool = False
 
 
-# (block, warps, programs per SM) by padded batch, for a large draft vocabulary (the 27B
-# lane's 248320) and a small one (the 35B-A3B lane's 32000): at 16 and 64 rows the fastest
-# of the launches timed on the H200 (bench/results/issue5_h200/walk/launch_sweep/), at 32
-# rows and past 64 untried guesses between them; all free of register spills on sm_90.
-LAUNCHES = {16: ((64, 4, 2), (128, 8, 1)), 32: ((32, 4, 3), (64, 8, 1)),
-            64: ((16, 4, 3), (64, 8, 1))}
-SMALL_VOCAB = 65536
+# (block, warps, programs per SM) by padded batch where W2 is streamed every step: the
+# fastest greedy launches timed on the H200, at 16 and 64 rows on the 27B lane
+# (bench/results/issue5_h200/resident/), the same as the 35B-A3B lane's fastest at 64 rows
+# on the kernel before (walk/launch_sweep/); at 32 rows and past 64 untried guesses. All
+# free of register spills on sm_90.
+LAUNCHES = {16: (128, 8, 1), 32: (64, 8, 1), 64: (64, 8, 1)}
+# W2 bytes a resident program keeps in shared memory (an H200 program has 227 KB), and
+# the most rows it drafts: past 16 its tile no longer fits in registers without spills
+RESIDENT_BYTES = 128 * 1024
+RESIDENT_ROWS = 16
 
 
-def launch_shape(rows: int, vocab: int) -> Launch:
-    """The launch for ``rows`` requests over a draft vocabulary of ``vocab``."""
+def launch_shape(rows: int, vocab: int, rank: int, sms: int) -> Launch:
+    """The launch for ``rows`` requests over a draft vocabulary of ``vocab`` and a Markov
+    rank of ``rank`` on ``sms`` multiprocessors: resident where one tile per
+    multiprocessor holds all of W2, streamed otherwise."""
     padded = max(16, 1 << (rows - 1).bit_length())
-    large, small = LAUNCHES.get(padded, ((16, 8, 1), (32, 8, 1)))
-    return Launch(padded, *(small if vocab <= SMALL_VOCAB else large))
+    columns = max(16, 1 << (-(-vocab // sms) - 1).bit_length())
+    if padded <= RESIDENT_ROWS and columns * rank * 2 <= RESIDENT_BYTES:
+        # 8 warps: the W2 tile passes through their registers on its way to shared memory
+        return Launch(padded, columns, 8, 1, resident=True)
+    return Launch(padded, *LAUNCHES.get(padded, (32, 8, 1)))
 
 
 def grid(launch: Launch, tiles: int, sms: int) -> tuple[int, int]:
@@ -78,7 +96,7 @@ def grid(launch: Launch, tiles: int, sms: int) -> tuple[int, int]:
 
 
 def reduction_chunk(launch: Launch, programs: int) -> int:
-    """How many programs' bests the last program loads at once: all of them, up to 4096
+    """How many programs' bests a reducing program loads at once: all of them, up to 4096
     values."""
     return min(1 << (programs - 1).bit_length(), max(32, 4096 // launch.rows))
 
@@ -131,26 +149,22 @@ if triton is not None:
                 tl.where(a_wins, a_z, b_z), second)
 
     @triton.jit
-    def _tile_update(best, index, w1_row_ptr, w2_ptr, base_row_ptr, tile, V, t, hot, any_hot,
-                     row_key, row_ok, RANK: tl.constexpr, BLOCK: tl.constexpr,
-                     BLOCK_K: tl.constexpr):
+    def _base_tile(base_row_ptr, tile, V, row_ok, BLOCK: tl.constexpr):
+        # the step's base logits of one tile's columns
+        cols = tile * BLOCK + tl.arange(0, BLOCK)
+        return tl.load(base_row_ptr[:, None] + cols[None, :],
+                       mask=row_ok[:, None] & (cols < V)[None, :], other=0.0)
+
+    @triton.jit
+    def _tile_update(best, index, bias, base, tile, V, t, hot, any_hot, row_key,
+                     BLOCK: tl.constexpr):
         # The running (best score in float64, its first column) of each request, updated
-        # with one tile; a tie keeps the earlier column.
+        # with one tile of bf16-rounded biases; a tie keeps the earlier column.
         columns = tl.arange(0, BLOCK)
         cols = tile * BLOCK + columns
         col_ok = cols < V
-        acc = tl.zeros((w1_row_ptr.shape[0], BLOCK), dtype=tl.float32)
-        for start in tl.static_range(0, RANK, BLOCK_K):  # W2 tile by tile of the rank
-            ranks = start + tl.arange(0, BLOCK_K)
-            # W1[prev] again for every tile: from L1 after the first
-            e = tl.load(w1_row_ptr[:, None] + ranks[None, :], mask=row_ok[:, None], other=0.0)
-            w2 = tl.load(w2_ptr + cols[:, None] * RANK + ranks[None, :], mask=col_ok[:, None],
-                         other=0.0)
-            acc = tl.dot(e, tl.trans(w2), acc, out_dtype=tl.float32)
-        bias = _round_bf16(acc)
-        base = tl.load(base_row_ptr[:, None] + cols[None, :],
-                       mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
-        z = _round_bf16(base + bias)  # bf16 values, exact in fp32: greedy rows stay fp32
+        # bf16 values, exact in fp32: greedy rows stay fp32
+        z = _round_bf16(base.to(tl.float32) + bias)
         z = tl.where(col_ok[None, :], z, float("-inf"))
         tile_best, tile_index = tl.max(z, axis=1, return_indices=True,
                                        return_indices_tie_break_left=True)
@@ -188,63 +202,137 @@ if triton is not None:
         return best, index
 
     @triton.jit
+    def _row_inputs(temperature_ptr, seed_ptr, position_ptr, rows, row_ok):
+        # per request: T where it samples (1 elsewhere), whether it samples, whether any row
+        # does, and the key of its noise before the step is mixed in (rng.gumbel's keys)
+        temperature = tl.load(temperature_ptr + rows, mask=row_ok, other=0.0)
+        hot = temperature > 0
+        key = _mix(tl.load(seed_ptr + rows, mask=row_ok, other=0).to(tl.uint32))
+        key = _mix(key ^ tl.load(position_ptr + rows, mask=row_ok, other=0).to(tl.uint32))
+        return (tl.where(hot, temperature, 1.0), hot,
+                tl.max(hot.to(tl.int32), axis=0) > 0, key)
+
+    @triton.jit
+    def _publish(best, index, best_ptr, index_ptr, rows, program, PROGRAMS: tl.constexpr):
+        # this program's bests where the others read them; every padded row has its slot:
+        # no mask, and no row predicate kept for the whole run (ptxas would spill it)
+        tl.store(best_ptr + rows * PROGRAMS + program, best)
+        tl.store(index_ptr + rows * PROGRAMS + program, index)
+
+    @triton.jit
+    def _reduce(best_ptr, index_ptr, d2t_ptr, rows, R, V, PROGRAMS: tl.constexpr,
+                PARTS: tl.constexpr, HAS_D2T: tl.constexpr):
+        # every program's published bests -> the step's target ids, the lowest column
+        # winning ties
+        final_best = tl.full(rows.shape, float("-inf"), tl.float64)
+        final_index = tl.zeros(rows.shape, tl.int32)
+        for start in range(0, PROGRAMS, PARTS):  # most often all at once
+            parts = start + tl.arange(0, PARTS)
+            ok = (parts < PROGRAMS)[None, :]
+            offsets = rows[:, None] * PROGRAMS + parts[None, :]
+            # .cg: read at L2, where the other programs' stores are, not a stale L1
+            part_best = tl.load(best_ptr + offsets, mask=ok, other=float("-inf"),
+                                cache_modifier=".cg")
+            part_index = tl.load(index_ptr + offsets, mask=ok, other=0, cache_modifier=".cg")
+            chunk_best = tl.max(part_best, axis=1)
+            chunk_index = tl.min(tl.where(part_best == chunk_best[:, None], part_index, V),
+                                 axis=1)
+            better = chunk_best > final_best
+            final_best = tl.where(better, chunk_best, final_best)
+            final_index = tl.where(better, chunk_index, final_index)
+        draft = final_index.to(tl.int64)
+        if HAS_D2T:
+            draft += tl.load(d2t_ptr + draft, mask=rows < R, other=0)
+        return draft
+
+    @triton.jit
     def _markov_step_kernel(w1_ptr, w2_ptr, base_ptr, anchor_ptr, temperature_ptr, seed_ptr,
                             position_ptr, d2t_ptr, best_ptr, index_ptr, count_ptr, ids_ptr,
                             R, V, k, base_stride, step, RANK: tl.constexpr,
-                            R_PAD: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
-                            RUN: tl.constexpr, PROGRAMS: tl.constexpr, PARTS: tl.constexpr,
+                            R_PAD: tl.constexpr, BLOCK: tl.constexpr, RUN: tl.constexpr,
+                            PROGRAMS: tl.constexpr, PARTS: tl.constexpr,
                             HAS_D2T: tl.constexpr):
+        # One step: this program's run of RUN tiles of W2, streamed.
         program = tl.program_id(0)
         rows = tl.arange(0, R_PAD)
         row_ok = rows < R
         # prev: the anchor at step 0, else the id the previous launch wrote
         prev = tl.load(anchor_ptr + rows, mask=row_ok & (step == 0), other=0)
         prev += tl.load(ids_ptr + rows * k + step - 1, mask=row_ok & (step > 0), other=0)
-        w1_row_ptr = w1_ptr + prev * RANK
-        temperature = tl.load(temperature_ptr + rows, mask=row_ok, other=0.0)
-        hot = temperature > 0
-        any_hot = tl.max(hot.to(tl.int32), axis=0) > 0
-        t = tl.where(hot, temperature, 1.0)
-        row_key = _mix(tl.load(seed_ptr + rows, mask=row_ok, other=0).to(tl.uint32))
-        row_key = _mix(row_key ^ tl.load(position_ptr + rows, mask=row_ok, other=0).to(tl.uint32))
-        row_key = _mix(row_key ^ step)
+        # W1[prev], once per program: every tile multiplies it
+        e = tl.load(w1_ptr + prev[:, None] * RANK + tl.arange(0, RANK)[None, :],
+                    mask=row_ok[:, None], other=0.0)
+        t, hot, any_hot, key = _row_inputs(temperature_ptr, seed_ptr, position_ptr, rows,
+                                           row_ok)
         base_row_ptr = base_ptr + rows * base_stride + step * V
-
         best = tl.full((R_PAD,), float("-inf"), tl.float64)
         index = tl.zeros((R_PAD,), tl.int32)
+        # The base tile is loaded one tile ahead: Triton's pipeline prefetches only the
+        # loads that feed tl.dot, and this one would otherwise stall every tile.
+        next_base = _base_tile(base_row_ptr, program * RUN, V, row_ok, BLOCK)
         for nth in range(RUN):  # a run of RUN tiles; any past the vocabulary is all masked
             tile = program * RUN + nth
-            best, index = _tile_update(best, index, w1_row_ptr, w2_ptr, base_row_ptr, tile, V,
-                                       t, hot, any_hot, row_key, row_ok, RANK, BLOCK, BLOCK_K)
-        tl.store(best_ptr + rows * PROGRAMS + program, best, mask=row_ok)
-        tl.store(index_ptr + rows * PROGRAMS + program, index, mask=row_ok)
-
-        # The last program to count itself reduces every program's best (the pattern of
-        # Inductor's grid barrier: a CTA barrier, then a release / acquire atomic).
+            base = next_base
+            next_base = _base_tile(base_row_ptr, tile + 1, V, row_ok & (nth + 1 < RUN), BLOCK)
+            cols = tile * BLOCK + tl.arange(0, BLOCK)
+            w2 = tl.load(w2_ptr + cols[:, None] * RANK + tl.arange(0, RANK)[None, :],
+                         mask=(cols < V)[:, None], other=0.0)
+            bias = _round_bf16(tl.dot(e, tl.trans(w2), out_dtype=tl.float32))
+            best, index = _tile_update(best, index, bias, base, tile, V, t, hot, any_hot,
+                                       _mix(key ^ step), BLOCK)
+        _publish(best, index, best_ptr, index_ptr, rows, program, PROGRAMS)
+        # The last program to count itself reduces the step (the pattern of Inductor's grid
+        # barrier: a CTA barrier, then a release / acquire atomic).
         tl.debug_barrier()
         if tl.atomic_add(count_ptr + step, 1, sem="acq_rel") == PROGRAMS - 1:
             tl.debug_barrier()
-            final_best = tl.full((R_PAD,), float("-inf"), tl.float64)
-            final_index = tl.zeros((R_PAD,), tl.int32)
-            for start in range(0, PROGRAMS, PARTS):  # most often all at once
-                parts = start + tl.arange(0, PARTS)
-                ok = row_ok[:, None] & (parts < PROGRAMS)[None, :]
-                offsets = rows[:, None] * PROGRAMS + parts[None, :]
-                # .cg: read at L2, where the other programs' stores are, not a stale L1
-                part_best = tl.load(best_ptr + offsets, mask=ok, other=float("-inf"),
-                                    cache_modifier=".cg")
-                part_index = tl.load(index_ptr + offsets, mask=ok, other=0,
-                                     cache_modifier=".cg")
-                chunk_best = tl.max(part_best, axis=1)
-                chunk_index = tl.min(tl.where(part_best == chunk_best[:, None], part_index, V),
-                                     axis=1)
-                better = chunk_best > final_best
-                final_best = tl.where(better, chunk_best, final_best)
-                final_index = tl.where(better, chunk_index, final_index)
-            draft = final_index.to(tl.int64)
-            if HAS_D2T:
-                draft += tl.load(d2t_ptr + draft, mask=row_ok, other=0)
-            tl.store(ids_ptr + rows * k + step, draft, mask=row_ok)
+            draft = _reduce(best_ptr, index_ptr, d2t_ptr, rows, R, V, PROGRAMS, PARTS, HAS_D2T)
+            tl.store(ids_ptr + rows * k + step, draft, mask=rows < R)
+
+    @triton.jit
+    def _markov_walk_kernel(w1_ptr, w2_ptr, base_ptr, anchor_ptr, temperature_ptr, seed_ptr,
+                            position_ptr, d2t_ptr, best_ptr, index_ptr, count_ptr, ids_ptr,
+                            R, V, base_stride, K: tl.constexpr, RANK: tl.constexpr,
+                            R_PAD: tl.constexpr, BLOCK: tl.constexpr, PROGRAMS: tl.constexpr,
+                            PARTS: tl.constexpr, HAS_D2T: tl.constexpr):
+        # All K steps: this program's BLOCK columns of W2 are read once and stay on chip;
+        # between steps every program waits for all to publish their bests. Every program
+        # must be resident at once (PROGRAMS <= multiprocessors).
+        program = tl.program_id(0)
+        rows = tl.arange(0, R_PAD)
+        row_ok = rows < R
+        t, hot, any_hot, key = _row_inputs(temperature_ptr, seed_ptr, position_ptr, rows,
+                                           row_ok)
+        cols = program * BLOCK + tl.arange(0, BLOCK)
+        w2 = tl.load(w2_ptr + cols[:, None] * RANK + tl.arange(0, RANK)[None, :],
+                     mask=(cols < V)[:, None], other=0.0)
+        prev = tl.load(anchor_ptr + rows, mask=row_ok, other=0)
+        next_base = _base_tile(base_ptr + rows * base_stride, program, V, row_ok, BLOCK)
+        for step in range(K):
+            base = next_base  # loaded a step ahead, while the programs wait
+            next_base = _base_tile(base_ptr + rows * base_stride + (step + 1) * V, program, V,
+                                   row_ok & (step + 1 < K), BLOCK)
+            e = tl.load(w1_ptr + prev[:, None] * RANK + tl.arange(0, RANK)[None, :],
+                        mask=row_ok[:, None], other=0.0)
+            # W2's columns as the tensor cores' left operand, read from shared memory
+            bias = _round_bf16(tl.trans(tl.dot(w2, tl.trans(e), out_dtype=tl.float32)))
+            best, index = _tile_update(tl.full((R_PAD,), float("-inf"), tl.float64),
+                                       tl.zeros((R_PAD,), tl.int32), bias, base, program, V, t,
+                                       hot, any_hot, _mix(key ^ step), BLOCK)
+            # Every program reduces the step itself once all have published: no program
+            # waits on another's reduction. Bests alternate between two slots by step, as a
+            # program can publish the next step while another still reads this one.
+            slot = (step % 2) * R_PAD * PROGRAMS
+            _publish(best, index, best_ptr + slot, index_ptr + slot, rows, program, PROGRAMS)
+            tl.debug_barrier()
+            tl.atomic_add(count_ptr + step, 1, sem="release")
+            arrived = False
+            while not arrived:
+                arrived = tl.atomic_add(count_ptr + step, 0, sem="acquire") == PROGRAMS
+            prev = _reduce(best_ptr + slot, index_ptr + slot, d2t_ptr, rows, R, V, PROGRAMS,
+                           PARTS, HAS_D2T)
+            if program == 0:
+                tl.store(ids_ptr + rows * K + step, prev, mask=row_ok)
 
     @torch.library.triton_op("dspark::markov_walk", mutates_args=())
     def markov_walk(w1: Tensor, w2: Tensor, base: Tensor, anchor: Tensor, temperature: Tensor,
@@ -252,25 +340,30 @@ if triton is not None:
         """Target ids ``[R, k]`` of the k vanilla Markov steps from ``anchor`` over the base
         logits ``base [R, k, V]`` (see the module docstring)."""
         R, k, V = base.shape
-        launch = launch_shape(R, V)
         sms = (torch.cuda.get_device_properties(base.device).multi_processor_count
                if base.is_cuda else 1)  # the interpreter's programs run one by one
+        launch = launch_shape(R, V, w1.shape[1], sms)
         programs, run = grid(launch, triton.cdiv(V, launch.block), sms)
-        best = torch.empty(R, programs, dtype=torch.float64, device=base.device)
-        index = torch.empty(R, programs, dtype=torch.int32, device=base.device)
+        slots = (1 + launch.resident) * launch.rows * programs  # see the walk kernel
+        best = torch.empty(slots, dtype=torch.float64, device=base.device)
+        index = torch.empty(slots, dtype=torch.int32, device=base.device)
         count = torch.zeros(k, dtype=torch.int32, device=base.device)
         ids = torch.empty(R, k, dtype=torch.int64, device=base.device)
         # the kernel reads every [R] input with stride 1, W1 / W2 rows and base rows packed
         base, anchor, temperature, seed, anchor_pos, w1, w2 = (
             t.contiguous() for t in (base, anchor, temperature, seed, anchor_pos, w1, w2))
-        for step in range(k):
-            torch.library.wrap_triton(_markov_step_kernel)[(programs,)](
-                w1, w2, base, anchor, temperature, seed, anchor_pos,
-                anchor if d2t is None else d2t, best, index, count, ids, R, V, k,
-                base.stride(0), step, RANK=w1.shape[1], R_PAD=launch.rows, BLOCK=launch.block,
-                BLOCK_K=min(64, w1.shape[1]), RUN=run, PROGRAMS=programs,
-                PARTS=reduction_chunk(launch, programs),
-                HAS_D2T=d2t is not None, num_warps=launch.warps)
+        args = (w1, w2, base, anchor, temperature, seed, anchor_pos,
+                anchor if d2t is None else d2t, best, index, count, ids, R, V)
+        options = dict(RANK=w1.shape[1], R_PAD=launch.rows, BLOCK=launch.block,
+                       PROGRAMS=programs, PARTS=reduction_chunk(launch, programs),
+                       HAS_D2T=d2t is not None, num_warps=launch.warps)
+        if launch.resident:
+            torch.library.wrap_triton(_markov_walk_kernel)[(programs,)](
+                *args, base.stride(0), K=k, **options)
+        else:
+            for step in range(k):
+                torch.library.wrap_triton(_markov_step_kernel)[(programs,)](
+                    *args, k, base.stride(0), step, RUN=run, **options)
         return ids
 
 

@@ -21,18 +21,32 @@ import dataclasses
 import json
 import statistics
 from types import SimpleNamespace
+from typing import Optional
 
 import torch
+from torch import Tensor
 from torch.profiler import ProfilerActivity, profile
 from triton.runtime.errors import OutOfResources
 
 from dspark_compile import fused_markov
 from dspark_compile.artifacts import environment
 from dspark_compile.bench import measure_ceilings, significant
-from dspark_compile.config import lane_config
+from dspark_compile.config import LaneConfig, lane_config
 from dspark_compile.draft import markov_loop
 from dspark_compile.model.heads import MarkovHead
 from dspark_compile.model.vocab import random_d2t
+
+
+def random_head(lane: LaneConfig, gen: torch.Generator) -> tuple[MarkovHead, Optional[Tensor]]:
+    """The lane's Markov head and d2t on ``gen``'s device, random as
+    ``checkpoint.random_drafter`` draws them."""
+    head = MarkovHead(lane).to(device=gen.device, dtype=lane.torch_dtype)
+    with torch.no_grad():
+        head.markov_w1.weight.normal_(0.0, 1.0, generator=gen)
+        head.markov_w2.weight.normal_(0.0, lane.markov_rank ** -0.5, generator=gen)
+    d2t = (random_d2t(lane.draft_vocab_size, lane.target_vocab_size, gen, gen.device)
+           if lane.has_d2t else None)
+    return head, d2t
 
 
 def replay_ms(graph: torch.cuda.CUDAGraph, replays: int = 20, repeats: int = 7) -> float:
@@ -68,18 +82,14 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--launch", nargs="*", default=[],
-                        help="extra fused launches, COLUMNSxWARPSxPROGRAMS_PER_SM (e.g. 64x8x1)")
+                        help="extra fused launches, one per step, streaming W2: "
+                             "COLUMNSxWARPSxPROGRAMS_PER_SM (e.g. 64x8x1)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     device = torch.device("cuda")
     lane = lane_config(args.lane)
     gen = torch.Generator(device=device).manual_seed(0)
-    head = MarkovHead(lane).to(device=device, dtype=lane.torch_dtype)
-    with torch.no_grad():
-        head.markov_w1.weight.normal_(0.0, 1.0, generator=gen)
-        head.markov_w2.weight.normal_(0.0, lane.markov_rank ** -0.5, generator=gen)
-    d2t = (random_d2t(lane.draft_vocab_size, lane.target_vocab_size, gen, device)
-           if lane.has_d2t else None)
+    head, d2t = random_head(lane, gen)
     loops = {name: SimpleNamespace(markov_head=head, d2t=d2t,
                                    lane=dataclasses.replace(lane, fused_markov_step=fused))
              for name, fused in (("loop (eager)", False), ("loop (fused)", True))}
@@ -93,8 +103,8 @@ def main() -> None:
     for launch in args.launch:
         block, warps, per_sm = map(int, launch.split("x"))
         launches[f"loop (fused, {launch})"] = (
-            lambda rows, vocab, b=block, w=warps, p=per_sm:
-                fused_markov.Launch(default(rows, vocab).rows, b, w, p))
+            lambda *shape, b=block, w=warps, p=per_sm:
+                fused_markov.Launch(default(*shape).rows, b, w, p))
     rows = []
     for R, sampled in ((R, sampled) for R in args.batches for sampled in (False, True)):
         inputs = dict(

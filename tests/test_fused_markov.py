@@ -31,8 +31,9 @@ def test_the_fused_step_is_refused_where_the_kernel_does_not_apply(changes):
 # The walk, run by Triton's interpreter on the CPU, against markov_loop on the same inputs:
 # W2's rows and the base logits repeat inside the first tile, and their second half repeats
 # the first, so rows meet exact ties inside tiles, across tiles and across programs, which
-# the lowest index must win. Odd rows sample at T = 0.8. Three launches: the op's own, one
-# tile per program, and runs of three tiles (the last program's run cut short). The interpreter
+# the lowest index must win. Odd rows sample at T = 0.8. Three launches: the op's own (all
+# k steps in one resident launch up to 16 rows, a launch per step past them), one tile per
+# program, and runs of three tiles (the last program's run cut short). The interpreter
 # cannot load bf16 from CPU memory, so the kernel gets fp32 copies of the bf16 values (the
 # same numbers).
 INTERPRETED = """
@@ -53,9 +54,9 @@ with torch.no_grad():
     head.markov_w2.weight[half:2 * half] = head.markov_w2.weight[:half]  # and across
 default = fused_markov.launch_shape
 launches = {"default": default,
-            "a tile each": lambda rows, V: fused_markov.Launch(default(rows, V).rows, 128, 4, 4),
-            "runs of 3 tiles": lambda rows, V: fused_markov.Launch(default(rows, V).rows, 64, 4, 2)}
-report = {name: dict(differ=0, ties=0, tokens=0, grids=[]) for name in launches}
+            "a tile each": lambda *shape: fused_markov.Launch(default(*shape).rows, 128, 4, 4),
+            "runs of 3 tiles": lambda *shape: fused_markov.Launch(default(*shape).rows, 64, 4, 2)}
+report = {name: dict(differ=0, ties=0, tokens=0, grids=[], resident=[]) for name in launches}
 for R in (1, 6, 20):  # padded to 16 and 32 rows inside the kernel
     with torch.no_grad():
         base = (torch.randint(-6, 6, (R, lane.k, V), generator=g) / 4).bfloat16()
@@ -74,8 +75,9 @@ for R in (1, 6, 20):  # padded to 16 and 32 rows inside the kernel
         got = fused_markov.markov_walk(
             head.markov_w1.weight.float(), head.markov_w2.weight.float(), base.float(),
             anchor, temperature, seed, anchor_pos, drafter.d2t)
-        tiles = -(-V // launch(R, V).block)
-        report[name]["grids"].append(fused_markov.grid(launch(R, V), tiles, 1))
+        shape = launch(R, V, lane.markov_rank, 1)
+        report[name]["grids"].append(fused_markov.grid(shape, -(-V // shape.block), 1))
+        report[name]["resident"].append(shape.resident)
         report[name]["differ"] += int((got != ids).sum())
         report[name]["ties"] += ties
         report[name]["tokens"] += ids.numel()
@@ -94,6 +96,7 @@ def test_the_walk_matches_the_loop_in_the_triton_interpreter():
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     # (programs, tiles per program): the CPU counts as one multiprocessor
+    assert report["default"]["resident"] == [True, True, False], report
     assert report["a tile each"]["grids"] == [[3, 1]] * 3, report
     assert report["runs of 3 tiles"]["grids"] == [[2, 3]] * 3, report
     for counts in report.values():
@@ -101,45 +104,47 @@ def test_the_walk_matches_the_loop_in_the_triton_interpreter():
         assert counts["differ"] == 0, report
 
 
-# the kernel's arguments as the op passes them for a bf16 lane
-SIGNATURE = {"w1_ptr": "*bf16", "w2_ptr": "*bf16", "base_ptr": "*bf16", "anchor_ptr": "*i64",
-             "temperature_ptr": "*fp32", "seed_ptr": "*i64", "position_ptr": "*i64",
-             "d2t_ptr": "*i64", "best_ptr": "*fp64", "index_ptr": "*i32", "count_ptr": "*i32",
-             "ids_ptr": "*i64", "R": "i32", "V": "i32", "k": "i32", "base_stride": "i32",
-             "step": "i32", "RANK": "constexpr", "R_PAD": "constexpr", "BLOCK": "constexpr",
-             "BLOCK_K": "constexpr", "RUN": "constexpr", "PROGRAMS": "constexpr",
-             "PARTS": "constexpr", "HAS_D2T": "constexpr"}
+# the kernels' pointer arguments as the op passes them for a bf16 lane; the others are
+# 32-bit integers or compile-time constants
+POINTERS = {"w1_ptr": "*bf16", "w2_ptr": "*bf16", "base_ptr": "*bf16", "anchor_ptr": "*i64",
+            "temperature_ptr": "*fp32", "seed_ptr": "*i64", "position_ptr": "*i64",
+            "d2t_ptr": "*i64", "best_ptr": "*fp64", "index_ptr": "*i32", "count_ptr": "*i32",
+            "ids_ptr": "*i64"}
 
 
 @pytest.mark.skipif(fused_markov.triton is None, reason=NO_TRITON)
-@pytest.mark.parametrize("rows", [1, 20, 64, 128])
+@pytest.mark.parametrize("rows", [1, 16, 20, 64, 128])
 @pytest.mark.parametrize("lane_name", ["qwen36_27b", "qwen36_35b_a3b"])
 def test_the_kernel_compiles_for_the_h200_without_register_spills(lane_name, rows, tmp_path):
     """Triton compiles ahead of time with the ptxas it ships, no GPU needed: sm_90 (the
-    H200's 132 multiprocessors), a real lane's rank and vocabulary, the launch the op
-    uses for ``rows`` requests there, and the specialization Triton's launcher gives it there:
-    pointers and the vocabulary-sized integers known to be multiples of 16 (without it
-    Triton neither vectorizes nor pipelines the loads, and the kernel is another one)."""
+    H200's 132 multiprocessors), a real lane's rank and vocabulary, the kernel and launch
+    the op uses for ``rows`` requests there, and the specialization Triton's launcher gives
+    it there: pointers and the vocabulary-sized integers known to be multiples of 16
+    (without it Triton neither vectorizes nor pipelines the loads, and the kernel is
+    another one)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     lane = lane_config(lane_name)
-    launch = fused_markov.launch_shape(rows, lane.draft_vocab_size)
+    launch = fused_markov.launch_shape(rows, lane.draft_vocab_size, lane.markov_rank, 132)
     programs, run = fused_markov.grid(launch, -(-lane.draft_vocab_size // launch.block), 132)
-    names = list(SIGNATURE)
+    kernel = (fused_markov._markov_walk_kernel if launch.resident
+              else fused_markov._markov_step_kernel)
+    names = kernel.arg_names
+    constexprs = {p.name for p in kernel.params if p.is_constexpr}
+    signature = {n: "constexpr" if n in constexprs else POINTERS.get(n, "i32") for n in names}
     aligned = [n for n in names if n.endswith("_ptr")] + ["V", "base_stride"]
-    source = ASTSource(fn=fused_markov._markov_step_kernel, signature=SIGNATURE,
+    constants = dict(K=lane.k, RANK=lane.markov_rank, R_PAD=launch.rows, BLOCK=launch.block,
+                     RUN=run, PROGRAMS=programs,
+                     PARTS=fused_markov.reduction_chunk(launch, programs), HAS_D2T=True)
+    source = ASTSource(fn=kernel, signature=signature,
                        attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned},
-                       constexprs=dict(RANK=lane.markov_rank, R_PAD=launch.rows,
-                                       BLOCK=launch.block, BLOCK_K=64, RUN=run,
-                                       PROGRAMS=programs,
-                                       PARTS=fused_markov.reduction_chunk(launch, programs),
-                                       HAS_D2T=True))
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                            options=dict(num_warps=launch.warps))
+                       constexprs={n: constants[n] for n in constexprs})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=launch.warps))
     ptx = tmp_path / "kernel.ptx"
-    ptx.write_text(kernel.asm["ptx"])
+    ptx.write_text(compiled.asm["ptx"])
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     report = subprocess.run([str(ptxas), "--gpu-name", "sm_90a", "-v", str(ptx), "-o",
                              str(tmp_path / "kernel.cubin")], capture_output=True, text=True)
