@@ -135,8 +135,9 @@ def markov_loop(drafter: Drafter, h: Tensor, base_logits: Tensor, anchor: Tensor
                 temperature: Tensor, seed: Tensor, anchor_pos: Tensor,
                 keep_logits: bool = True) -> tuple[Tensor, Tensor, Optional[Tensor]]:
     """The Markov walk, unrolled: ids ``[R, k]``, ids fed to each step, and the corrected
-    logits ``[R, k, V]`` when ``keep_logits``. A lane with ``fused_markov_step`` runs each
-    step as one Triton launch on CUDA, which never writes the logits."""
+    logits ``[R, k, V]`` when ``keep_logits``. A lane with ``fused_markov_step`` runs the
+    walk in Triton on CUDA (:mod:`dspark_compile.fused_markov`), which never writes the
+    logits."""
     head = drafter.markov_head
     if drafter.lane.fused_markov_step and base_logits.is_cuda and not keep_logits:
         ids = fused_markov.markov_walk(head.markov_w1.weight, head.markov_w2.weight,

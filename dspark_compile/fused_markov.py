@@ -265,6 +265,7 @@ if triton is not None:
         t, hot, any_hot, key = _row_inputs(temperature_ptr, seed_ptr, position_ptr, rows,
                                            row_ok)
         base_row_ptr = base_ptr + rows * base_stride + step * V
+        row_key = _mix(key ^ step)
         best = tl.full((R_PAD,), float("-inf"), tl.float64)
         index = tl.zeros((R_PAD,), tl.int32)
         # The base tile is loaded one tile ahead: Triton's pipeline prefetches only the
@@ -279,7 +280,7 @@ if triton is not None:
                          mask=(cols < V)[:, None], other=0.0)
             bias = _round_bf16(tl.dot(e, tl.trans(w2), out_dtype=tl.float32))
             best, index = _tile_update(best, index, bias, base, tile, V, t, hot, any_hot,
-                                       _mix(key ^ step), BLOCK)
+                                       row_key, BLOCK)
         _publish(best, index, best_ptr, index_ptr, rows, program, PROGRAMS)
         # The last program to count itself reduces the step (the pattern of Inductor's grid
         # barrier: a CTA barrier, then a release / acquire atomic).
