@@ -113,7 +113,7 @@ POINTERS = {"w1_ptr": "*bf16", "w2_ptr": "*bf16", "base_ptr": "*bf16", "anchor_p
 
 
 @pytest.mark.skipif(fused_markov.triton is None, reason=NO_TRITON)
-@pytest.mark.parametrize("rows", [1, 16, 20, 64, 128])
+@pytest.mark.parametrize("rows", [1, 8, 16, 20, 64, 128])
 @pytest.mark.parametrize("lane_name", ["qwen36_27b", "qwen36_35b_a3b"])
 def test_the_kernel_compiles_for_the_h200_without_register_spills(lane_name, rows, tmp_path):
     """Triton compiles ahead of time with the ptxas it ships, no GPU needed: sm_90 (the
@@ -135,8 +135,8 @@ def test_the_kernel_compiles_for_the_h200_without_register_spills(lane_name, row
     constexprs = {p.name for p in kernel.params if p.is_constexpr}
     signature = {n: "constexpr" if n in constexprs else POINTERS.get(n, "i32") for n in names}
     aligned = [n for n in names if n.endswith("_ptr")] + ["V", "base_stride"]
-    constants = dict(K=lane.k, RANK=lane.markov_rank, R_PAD=launch.rows, BLOCK=launch.block,
-                     RUN=run, PROGRAMS=programs,
+    constants = dict(R=rows, K=lane.k, RANK=lane.markov_rank, R_PAD=launch.rows,
+                     BLOCK=launch.block, RUN=run, PROGRAMS=programs,
                      PARTS=fused_markov.reduction_chunk(launch, programs), HAS_D2T=True)
     source = ASTSource(fn=kernel, signature=signature,
                        attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned},
