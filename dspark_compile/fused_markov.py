@@ -18,10 +18,9 @@ reduces across the slots once, after its run of tiles. Sampled rows (T > 0) scor
 over an fp32 estimate of every column's score finds the tile's leader, the runner-up and
 so whether the leader is alone, and whether the tile can beat the best so far at all;
 only then is the leader scored in float64, or every column of a tile whose estimates
-leave two contenders. The reduction
-over programs lets the lowest index win ties as :func:`dspark_compile.draft.first_argmax`
-does and maps the id through d2t. No ``[R, V]`` row is written, and only ``[R, k]`` target
-ids leave the op.
+leave two contenders. The reduction over programs lets the lowest index win ties as
+:func:`dspark_compile.draft.first_argmax` does and maps the id through d2t. No ``[R, V]``
+row is written, and only ``[R, k]`` target ids leave the op.
 
 ``torch.library.triton_op`` lets ``torch.compile``, ``torch.export`` and AOTInductor see
 the kernel and keep it inside their graphs; its fake implementation comes from tracing.
@@ -235,7 +234,8 @@ if triton is not None:
         final_index = tl.zeros(rows.shape, tl.int32)
         for start in range(0, PROGRAMS, PARTS):  # most often all at once
             parts = start + tl.arange(0, PARTS)
-            # the requests' rows only: every program reads the same few lines of L2 at once
+            # the requests' rows only (in the resident walk every program reads them, from
+            # the same lines of L2, at once)
             ok = (parts < PROGRAMS)[None, :] & (rows < R)[:, None]
             offsets = rows[:, None] * PROGRAMS + parts[None, :]
             # .cg: read at L2, where the other programs' stores are, not a stale L1
