@@ -59,6 +59,8 @@ class LaneConfig:
     markov_head: MarkovHead = MarkovHead.vanilla
     # on CUDA, each Markov step as one Triton kernel (dspark_compile/fused_markov.py)
     fused_markov_step: bool = False
+    # on CUDA, the block's attention as FlexAttention's decoding kernel, split over the keys
+    flex_attention: bool = False
     confidence_with_markov: bool = True
     layout: Layout = Layout.anchor_first
     block_causal: bool = False  # causal attention inside the draft block
@@ -93,7 +95,8 @@ class LaneConfig:
                  ("confidence_with_markov", isinstance(self.confidence_with_markov, bool),
                   "true or false"),
                  ("fused_markov_step", isinstance(self.fused_markov_step, bool),
-                  "true or false")]
+                  "true or false"),
+                 ("flex_attention", isinstance(self.flex_attention, bool), "true or false")]
         for name, ok, allowed in types:
             if not ok:
                 raise ConfigError(f"lane {self.name!r}: {name}={getattr(self, name)!r}, "

@@ -226,35 +226,47 @@ def check_round(lane: LaneConfig, cache: KVCache, inputs: RoundInputs) -> None:
         _expect(name, t, (R,), torch.int64, device)
     _expect("temperature", temperature, (R,), torch.float32, device)
     max_context = min(slots - lane.block_rows - 1, lane.max_context)
+    # every value check in one host sync and a dozen small kernels: a round's inputs are
+    # tiny, so launches, not bytes, cost time here. float64 holds every integer that can
+    # pass exactly (what it rounds is out of range either way); messages use exact values.
+    starts = anchor_pos - num_new
+    values = torch.stack([anchor, num_new, starts, anchor_pos, seed]).double()
+    lo, hi = torch.cat([values, temperature.double()[None]]).aminmax(dim=1)
     valid = torch.arange(N, device=device)[None, :] < num_new[:, None]
     # a float64 row sum is finite exactly when the row is (no overflow from bf16/fp32
     # values), and takes no [R, N, F] temporary: prompts can be gigabytes
     row_sums = features.sum(-1, dtype=torch.float64)
-    nonfinite = (valid & ~torch.isfinite(row_sums)).sum()
-    hot = (temperature > 0) & torch.isfinite(temperature)
-    a_lo, a_hi, n_lo, n_hi, start_lo, s_hi, bad, t_bad, seed_lo, seed_hi = torch.stack([
-        anchor.min(), anchor.max(), num_new.min(), num_new.max(),
-        (anchor_pos - num_new).min(), anchor_pos.max(), nonfinite,
-        (~hot & (temperature != 0)).sum(), seed.min(), seed.max()]).tolist()
+    total = torch.where(valid, row_sums, 0).sum()
+    (a_lo, n_lo, start_lo, s_lo, seed_lo, t_lo, a_hi, n_hi, _, s_hi, seed_hi, t_hi,
+     total) = torch.cat([lo, hi, total[None]]).tolist()
     checks = [
-        ("anchor", 0 <= a_lo and a_hi < lane.target_vocab_size, f"values in [{a_lo}, {a_hi}]",
-         f"[0, {lane.target_vocab_size})"),
-        ("num_new", 0 <= n_lo and n_hi <= N, f"values in [{n_lo}, {n_hi}]",
+        ("anchor", 0 <= a_lo and a_hi < lane.target_vocab_size,
+         lambda: f"values in {_span(anchor)}", f"[0, {lane.target_vocab_size})"),
+        ("num_new", 0 <= n_lo and n_hi <= N, lambda: f"values in {_span(num_new)}",
          f"[0, {N}] (rows of features)"),
-        ("anchor_pos", start_lo >= 0, f"anchor_pos - num_new down to {start_lo}",
+        # s_lo: a negative anchor_pos near -2^63 wraps in the subtraction
+        ("anchor_pos", start_lo >= 0 and s_lo >= 0,
+         lambda: f"anchor_pos - num_new down to {starts.min()}",
          "anchor_pos >= num_new"),
-        ("anchor_pos", s_hi <= max_context, f"up to {s_hi}",
+        ("anchor_pos", s_hi <= max_context, lambda: f"up to {anchor_pos.max()}",
          f"<= {max_context} (the context capacity of the cache and the lane)"),
-        ("features", bad == 0, f"NaN or Inf in {bad} of the rows that num_new marks valid",
-         "finite values (padding rows may hold anything)"),
-        ("temperature", t_bad == 0, f"{t_bad} negative, NaN or infinite values",
-         "0 (greedy) or a finite positive number"),
-        ("seed", 0 <= seed_lo and seed_hi < 1 << 32, f"values in [{seed_lo}, {seed_hi}]",
+        ("features", math.isfinite(total),
+         lambda: f"NaN or Inf in {(valid & ~torch.isfinite(row_sums)).sum()} of the rows "
+                 "that num_new marks valid", "finite values (padding rows may hold anything)"),
+        # NaN fails both comparisons
+        ("temperature", t_lo >= 0 and t_hi < math.inf,
+         lambda: f"{((temperature < 0) | ~torch.isfinite(temperature)).sum()} negative, NaN "
+                 "or infinite values", "0 (greedy) or a finite positive number"),
+        ("seed", 0 <= seed_lo and seed_hi < 1 << 32, lambda: f"values in {_span(seed)}",
          "[0, 2^32)"),
     ]
     for name, ok, found, allowed in checks:
         if not ok:
-            raise InputError(name, found, allowed)
+            raise InputError(name, found(), allowed)
+
+
+def _span(t: Tensor) -> str:
+    return f"[{int(t.min())}, {int(t.max())}]"
 
 
 def _expect(name: str, t: Tensor, shape: tuple[int, ...], dtype: torch.dtype,

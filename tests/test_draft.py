@@ -110,6 +110,9 @@ class TestBadInputs:
         ("num_new", torch.tensor([17, 1]), "[0, 16] (rows of features)"),
         ("anchor_pos", torch.tensor([3, 20]), "anchor_pos >= num_new"),
         ("anchor_pos", torch.tensor([65, 65]), "<= 64"),
+        ("temperature", torch.tensor([0.5, float("nan")]), "1 negative, NaN or infinite"),
+        ("temperature", torch.tensor([-0.5, float("inf")]), "2 negative, NaN or infinite"),
+        ("seed", torch.tensor([0, (1 << 63) - 1]), "values in [0, 9223372036854775807]"),
         ("anchor", torch.tensor([1, 2], dtype=torch.int32), "dtype torch.int64"),
         ("anchor", torch.tensor([1, 2, 3]), "shape (2,)"),
         ("features", torch.zeros(2, 16, 192), "dtype torch.bfloat16"),
@@ -121,6 +124,11 @@ class TestBadInputs:
             self.call(**{field: value})
         assert message in str(info.value)
         assert info.value.field == field
+
+    def test_an_anchor_pos_that_wraps_below_num_new_is_refused(self):
+        """-2^63 - 1 wraps to 2^63 - 1 in int64: the difference alone would pass."""
+        with pytest.raises(InputError, match="^anchor_pos"):
+            self.call(anchor_pos=torch.tensor([20, -(1 << 63)]), num_new=torch.tensor([1, 1]))
 
     def test_a_cache_larger_than_the_lane_does_not_raise_the_position_limit(self):
         """Positions index the lane's RoPE tables, sized by the lane's max_context."""

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from dspark_compile.backends import FunctionalDraftStep
 from dspark_compile.draft import DraftStep
-from dspark_compile.errors import MissingBackendError
+from dspark_compile.errors import ConfigError, MissingBackendError
 
 DEVICES = ("cuda",)
 INSTALL = "pip install 'dspark-compile[tensorrt]' (a torch-tensorrt build matching your torch)"
@@ -34,6 +34,9 @@ def _program(out_dir: Path, bucket: int) -> Path:
 
 
 def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
+    if step.drafter.lane.flex_attention:
+        raise ConfigError("backend 'tensorrt' cannot compile FlexAttention: build this lane "
+                          "with lane.flex_attention=false")
     trt = _torch_tensorrt()
     dtype = step.drafter.lane.torch_dtype
     for bucket, example in examples.items():

@@ -8,11 +8,25 @@ slot that swallows padding rows. Every shape is static; per-request lengths are 
 
 from __future__ import annotations
 
+import functools
+from typing import Callable, Union
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from dspark_compile.config import LaneConfig, Layout
+
+FLEX_BLOCK = 128  # keys (and query rows) per block of a FlexAttention block mask
+
+
+@functools.cache
+def compiled_flex_attention() -> Callable[..., Tensor]:
+    """FlexAttention is fast only compiled: eager callers go through this compile of it,
+    and a step that is being compiled or exported lowers the same op itself. Made on first
+    use: ``torch.compile`` takes seconds to import."""
+    return torch.compile(flex_attention, dynamic=False)
 
 
 class RMSNorm(nn.Module):
@@ -71,11 +85,12 @@ class Attention(nn.Module):
         return k, self.v_proj(x).view(shape)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
-                layer: int, block_slots: Tensor, mask: Tensor) -> Tensor:
+                layer: int, block_slots: Tensor, mask: Union[Tensor, BlockMask]) -> Tensor:
         """Attend the block rows ``x [R, n, H]`` over this layer's cache rows.
 
-        The block's own K/V go to its scratch slots first, so one masked SDPA covers
-        context and block. ``mask [R, 1, group*n, slots]`` is shared by all layers.
+        The block's own K/V go to its scratch slots first, so one masked attention covers
+        context and block. ``mask`` (:meth:`Backbone.attention_mask`) is shared by all
+        layers.
         """
         R, n, _ = x.shape
         group = self.num_heads // self.num_kv_heads
@@ -87,8 +102,16 @@ class Attention(nn.Module):
         # GQA without copying K/V: the `group` query heads of one kv head become extra rows
         q = q.view(R, n, self.num_kv_heads, group, self.head_dim).permute(0, 2, 3, 1, 4)
         q = q.reshape(R, self.num_kv_heads, group * n, self.head_dim)
-        out = F.scaled_dot_product_attention(q, k_cache[:, layer], v_cache[:, layer],
-                                             attn_mask=mask, scale=self.head_dim ** -0.5)
+        k, v, scale = k_cache[:, layer], v_cache[:, layer], self.head_dim ** -0.5
+        if isinstance(mask, BlockMask):
+            flex = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()
+            # a program takes BLOCK_M query rows x head_dim fp32 accumulators; Inductor's
+            # default (every query row in one program) spills at head_dim 256
+            rows = 1 << (q.shape[2] - 1).bit_length()
+            block_m = max(16, min(rows, 4096 // self.head_dim))
+            out = flex(q, k, v, block_mask=mask, scale=scale, kernel_options={"BLOCK_M": block_m})
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         out = out.view(R, self.num_kv_heads, group, n, self.head_dim).permute(0, 3, 1, 2, 4)
         return self.o_proj(out.reshape(R, n, self.num_heads * self.head_dim))
 
@@ -179,21 +202,58 @@ class Backbone(nn.Module):
             write_rows(k_cache, i, slots, k)
             write_rows(v_cache, i, slots, v)
 
-    def block_mask(self, anchor_pos: Tensor, slots: int) -> Tensor:
-        """Which cache slots each block row sees: ``[R, 1, group*rows, slots]`` (bool)."""
+    def visible(self, start: Tensor, row: Tensor, key: Tensor) -> Tensor:
+        """Whether block row ``row`` of a block at position ``start`` sees cache slot
+        ``key`` (broadcasting)."""
         lane = self.lane
-        n = lane.block_rows
-        device = anchor_pos.device
-        key = torch.arange(slots, device=device)[None, None, :]          # [1, 1, S]
-        start = anchor_pos[:, None, None]                                 # [R, 1, 1]
-        query = start + torch.arange(n, device=device)[None, :, None]     # [R, n, 1]
-        visible = (key < start + n).expand(-1, n, -1)                     # context + block
+        query = start + row
+        visible = key < start + lane.block_rows                           # context + block
         if lane.block_causal:
             visible = visible & ((key < start) | (key <= query))
         if lane.sliding_window is not None:
             visible = visible & (query - key < lane.sliding_window)
-        group = lane.num_heads // lane.num_kv_heads
-        return visible.repeat(1, group, 1)[:, None]
+        return visible
+
+    def attention_mask(self, anchor_pos: Tensor, slots: int) -> Union[Tensor, BlockMask]:
+        """Which cache slots each of the ``group*rows`` query rows of a kv head sees (row
+        ``g*rows + i`` is block row i): a FlexAttention block mask with ``flex_attention``
+        on CUDA, else ``[R, 1, group*rows, slots]`` bool for SDPA."""
+        lane = self.lane
+        n = lane.block_rows
+        queries = lane.num_heads // lane.num_kv_heads * n
+        if lane.flex_attention and anchor_pos.is_cuda:
+            return self.flex_block_mask(anchor_pos, queries, slots)
+        device = anchor_pos.device
+        key = torch.arange(slots, device=device)[None, None, :]           # [1, 1, S]
+        row = torch.arange(n, device=device)[None, :, None]               # [1, n, 1]
+        visible = self.visible(anchor_pos[:, None, None], row, key).expand(-1, n, -1)
+        return visible.repeat(1, queries // n, 1)[:, None]
+
+    def flex_block_mask(self, anchor_pos: Tensor, queries: int, slots: int) -> BlockMask:
+        """The key blocks each request can see (context and block, inside its window),
+        every one listed as partial, so the kernel applies ``visible`` to all of them.
+
+        Listing fully visible blocks apart would let the decoding kernel split the keys
+        by the cache's length, and the result's last bits would then depend on how many
+        empty slots follow the context (the host path's cache is shorter than a runner's).
+        """
+        lane, n, size = self.lane, self.lane.block_rows, FLEX_BLOCK
+        device = anchor_pos.device
+        lo = torch.zeros_like(anchor_pos)
+        if lane.sliding_window is not None:
+            lo = (anchor_pos - lane.sliding_window + 1).clamp(min=0)
+        first = lo // size
+        count = (anchor_pos + n - 1) // size - first + 1   # anchor_pos + n <= slots - 1
+        blocks, query_blocks = -(-slots // size), -(-queries // size)
+        indices = (first[:, None] + torch.arange(blocks, device=device)).clamp(max=blocks - 1)
+        shape = (anchor_pos.shape[0], 1, query_blocks)
+
+        def mask_mod(b: Tensor, h: Tensor, q: Tensor, key: Tensor) -> Tensor:
+            return self.visible(anchor_pos[b], q % n, key)
+        return BlockMask.from_kv_blocks(
+            count.to(torch.int32)[:, None, None].expand(shape).contiguous(),
+            indices.to(torch.int32)[:, None, None].expand(*shape, blocks).contiguous(),
+            BLOCK_SIZE=size, mask_mod=mask_mod, seq_lengths=(queries, slots))
 
     def forward(self, k_cache: Tensor, v_cache: Tensor, anchor: Tensor, anchor_pos: Tensor
                 ) -> tuple[Tensor, Tensor]:
@@ -206,7 +266,7 @@ class Backbone(nn.Module):
         ids = torch.cat([anchor[:, None], masks], dim=1)
         positions = anchor_pos[:, None] + torch.arange(n, device=anchor.device)
         cos, sin = self.rope(positions)
-        mask = self.block_mask(anchor_pos, k_cache.shape[3])
+        mask = self.attention_mask(anchor_pos, k_cache.shape[3])
         x = self.embed_tokens(ids)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, k_cache, v_cache, i, positions, mask)

@@ -4,12 +4,15 @@ import importlib.util
 
 import onnx
 import pytest
+import torch
 
 from dspark_compile.artifacts import build_artifact
 from dspark_compile.backends import REGISTRY, get_backend
 from dspark_compile.checkpoint import random_drafter
 from dspark_compile.config import lane_config
+from dspark_compile.draft import DraftStep, KVCache
 from dspark_compile.errors import ConfigError, MissingBackendError
+from dspark_compile.rounds import synthetic_rounds
 
 CPU_BACKENDS = ["eager", "inductor", "aoti", "onnx"]
 HAS_TENSORRT = importlib.util.find_spec("torch_tensorrt") is not None
@@ -33,6 +36,43 @@ def test_artifact_is_token_identical_in_a_fresh_process(built_artifact, fresh_ve
     assert report["tokens_compared"] == 12 * 2 * 5  # 12 rounds, batch 2 in bucket 3, k=5
     if temperature == 0.0 and backend != "onnx":  # onnx runs an fp32 copy: ties are rare
         assert report["near_ties"] > 0
+
+
+FLEX_LANE = dict(flex_attention=True, block_causal=True, sliding_window=20)
+ON_CUDA_ONLY = "FlexAttention's kernels are used on CUDA only (CPU lanes keep SDPA)"
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor", "aoti"])
+def test_artifacts_of_a_flex_attention_lane_are_token_identical(built_artifact, fresh_verify,
+                                                                device, backend):
+    """The host path calls FlexAttention's own compile of the kernel; inductor and aoti
+    lower it inside their one graph and must pick the same ids."""
+    if device.type != "cuda":
+        pytest.skip(ON_CUDA_ONLY)
+    artifact = built_artifact(backend, "tiny_d2t", **FLEX_LANE)
+    code, report, stderr = fresh_verify(artifact, "temperature=1.0", "rounds=12")
+    assert code == 0, stderr
+    assert report["identical"] and report["tokens_compared"] > 0
+
+
+def test_the_exported_step_calls_flex_attention_in_place_of_sdpa(device):
+    if device.type != "cuda":
+        pytest.skip(ON_CUDA_ONLY)
+    lane = lane_config("tiny_d2t", **FLEX_LANE)
+    step = DraftStep(random_drafter(lane, device, seed=0))
+    inputs = next(iter(synthetic_rounds(lane, 3, 40, 1, 0, device))).tensors()
+    cache = KVCache.allocate(lane, 3, device, 64)
+    with torch.no_grad():
+        program = torch.export.export(step, (cache.k, cache.v, *inputs), strict=False)
+    targets = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+    assert sum("flex_attention" in t for t in targets) == lane.num_layers
+    assert not any("scaled_dot_product" in t for t in targets)
+
+
+def test_tensorrt_refuses_a_flex_attention_lane(tmp_path):
+    step = DraftStep(random_drafter(lane_config("tiny", flex_attention=True), "cpu"))
+    with pytest.raises(ConfigError, match="flex_attention=false"):
+        get_backend("tensorrt").compile(step, {}, tmp_path)
 
 
 def test_onnx_argmax_keeps_the_first_index_on_ties(built_artifact, device):

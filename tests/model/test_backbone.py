@@ -8,7 +8,7 @@ no GQA trick, its own RoPE. Both run in float64, so they must agree to rounding.
 import pytest
 import torch
 
-from dspark_compile.checkpoint import random_drafter
+from dspark_compile.checkpoint import cast_drafter, random_drafter
 from dspark_compile.config import lane_config
 from dspark_compile.draft import KVCache, markov_loop
 from dspark_compile.rounds import context_needed, synthetic_rounds
@@ -64,6 +64,28 @@ def full_recompute(drafter, context, anchor, s):
     return h, h @ sd["lm_head.weight"].T
 
 
+def cached_and_recomputed(lane, device):
+    """Per round and request: the cached step's h and U (on ``device``, in the lane's dtype)
+    beside the oracle's (float64, CPU, the same weights), and the round's inputs."""
+    oracle = random_drafter(lane.replace(dtype="float64"), "cpu", seed=11)
+    drafter = cast_drafter(oracle, lane.dtype).to(device)
+    batch, context, rounds = 3, 30, 5
+    cache = KVCache.allocate(lane, batch, device, context_needed(lane, context, rounds))
+    history = torch.zeros(batch, cache.k.shape[3], lane.feature_size, dtype=torch.float64)
+    with torch.no_grad():
+        for inputs in synthetic_rounds(lane, batch, context, rounds, seed=2, device=device):
+            for r in range(batch):
+                n, s = int(inputs.num_new[r]), int(inputs.anchor_pos[r])
+                history[r, s - n:s] = inputs.features[r, :n].cpu().double()
+            drafter.append_context(cache.k, cache.v, *inputs.tensors()[:2], inputs.anchor_pos)
+            h, logits = drafter(cache.k, cache.v, inputs.anchor, inputs.anchor_pos)
+            for r in range(batch):
+                s = int(inputs.anchor_pos[r])
+                h_ref, logits_ref = full_recompute(oracle, history[r, :s],
+                                                   int(inputs.anchor[r]), s)
+                yield drafter, inputs, r, h[r], logits[r], h_ref, logits_ref
+
+
 @pytest.mark.parametrize("lane_name,changes", [
     ("tiny", {}),
     ("tiny_d2t", {"layout": "one_plus_k", "markov_head": "rnn"}),
@@ -71,25 +93,54 @@ def full_recompute(drafter, context, anchor, s):
 ])
 def test_cached_draft_step_matches_full_recompute(lane_name, changes):
     lane = lane_config(lane_name, dtype="float64", **changes)
-    drafter = random_drafter(lane, "cpu", seed=11)
-    batch, context, rounds = 3, 30, 5
-    cache = KVCache.allocate(lane, batch, "cpu", context_needed(lane, context, rounds))
-    history = torch.zeros(batch, cache.k.shape[3], lane.feature_size, dtype=torch.float64)
-    with torch.no_grad():
-        for inputs in synthetic_rounds(lane, batch, context, rounds, seed=2, device="cpu"):
-            for r in range(batch):
-                n, s = int(inputs.num_new[r]), int(inputs.anchor_pos[r])
-                history[r, s - n:s] = inputs.features[r, :n]
-            drafter.append_context(cache.k, cache.v, *inputs.tensors()[:2], inputs.anchor_pos)
-            h, logits = drafter(cache.k, cache.v, inputs.anchor, inputs.anchor_pos)
-            for r in range(batch):
-                s = int(inputs.anchor_pos[r])
-                h_ref, logits_ref = full_recompute(drafter, history[r, :s],
-                                                   int(inputs.anchor[r]), s)
-                torch.testing.assert_close(h[r], h_ref, rtol=1e-9, atol=1e-9)
-                torch.testing.assert_close(logits[r], logits_ref, rtol=1e-9, atol=1e-9)
-                greedy = (inputs.anchor[r:r + 1], torch.zeros(1), torch.zeros(1, dtype=torch.long),
-                          inputs.anchor_pos[r:r + 1])
-                ids, _, _ = markov_loop(drafter, h_ref[None], logits_ref[None], *greedy)
-                cached_ids, _, _ = markov_loop(drafter, h[r:r + 1], logits[r:r + 1], *greedy)
-                assert torch.equal(cached_ids, ids)
+    for drafter, inputs, r, h, logits, h_ref, logits_ref in cached_and_recomputed(lane, "cpu"):
+        torch.testing.assert_close(h, h_ref, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(logits, logits_ref, rtol=1e-9, atol=1e-9)
+        greedy = (inputs.anchor[r:r + 1], torch.zeros(1), torch.zeros(1, dtype=torch.long),
+                  inputs.anchor_pos[r:r + 1])
+        ids, _, _ = markov_loop(drafter, h_ref[None], logits_ref[None], *greedy)
+        cached_ids, _, _ = markov_loop(drafter, h[None], logits[None], *greedy)
+        assert torch.equal(cached_ids, ids)
+
+
+@pytest.mark.parametrize("changes", [{}, {"block_causal": True, "sliding_window": 20}])
+def test_flex_attention_matches_full_recompute(device, changes):
+    """FlexAttention has no float64 kernel: float32 against the float64 oracle. A key
+    the block mask wrongly hides or shows moves h by far more than the tolerance."""
+    if device.type != "cuda":
+        pytest.skip("FlexAttention's kernels are used on CUDA only (CPU lanes keep SDPA)")
+    lane = lane_config("tiny", dtype="float32", flex_attention=True, **changes)
+    for _, _, _, h, logits, h_ref, logits_ref in cached_and_recomputed(lane, device):
+        torch.testing.assert_close(h.cpu().double(), h_ref, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(logits.cpu().double(), logits_ref, rtol=1e-4, atol=1e-4)
+
+
+def test_flex_attention_is_a_cuda_option(device):
+    """Off CUDA a flex lane drafts with SDPA: the same ids as the lane without it."""
+    if device.type == "cuda":
+        pytest.skip("on CUDA the flex lane runs FlexAttention (the test above)")
+    lane = lane_config("tiny", block_causal=True, sliding_window=20)
+    inputs = next(iter(synthetic_rounds(lane, 3, 30, 1, seed=2, device="cpu")))
+    masks = [random_drafter(lane.replace(flex_attention=flex)).attention_mask(
+        inputs.anchor_pos, 40) for flex in (False, True)]
+    assert all(isinstance(mask, torch.Tensor) for mask in masks)
+    assert torch.equal(*masks)
+
+
+@pytest.mark.parametrize("changes", [{}, {"block_causal": True, "sliding_window": 300}])
+def test_the_flex_block_mask_lists_every_block_with_a_visible_key(changes):
+    """Against FlexAttention's own reduction of the dense mask (``create_block_mask``,
+    which lists fully visible blocks apart from partial ones)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    lane = lane_config("tiny", **changes)
+    drafter = random_drafter(lane, "cpu", seed=0)
+    slots, queries = 1000, 2 * lane.block_rows
+    anchor_pos = torch.tensor([0, 5, 122, 123, 127, 128, 500, 900, slots - lane.block_rows - 1])
+    mask = drafter.flex_block_mask(anchor_pos, queries, slots)
+    reference = create_block_mask(mask.mask_mod, len(anchor_pos), None, queries, slots, "cpu")
+    for b in range(len(anchor_pos)):
+        listed = mask.kv_indices[b, 0, 0, :mask.kv_num_blocks[b, 0, 0]].tolist()
+        partial = reference.kv_indices[b, 0, 0, :reference.kv_num_blocks[b, 0, 0]].tolist()
+        full = reference.full_kv_indices[b, 0, 0, :reference.full_kv_num_blocks[b, 0, 0]]
+        assert sorted(listed) == sorted(partial + full.tolist()), int(anchor_pos[b])
