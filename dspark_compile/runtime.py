@@ -184,8 +184,12 @@ class Runner:
         ``slots`` (q, when the artifact has it, stays on the device)."""
         with self._exclusive():
             self._check(inputs, slots)
-            full, rows = self.layout(inputs, slots)
-            return self._run(full).select(rows.cpu())
+            rows = [self._row(s) for s in slots]
+            if rows == list(range(self.bucket(len(self._rows)))):
+                full = inputs  # the whole bucket in row order: nothing to lay out
+            else:
+                full, _ = self.layout(inputs, slots)
+            return self._run(full).select(torch.tensor(rows))
 
     def _check(self, inputs: RoundInputs, slots: Sequence[int]) -> None:
         if not isinstance(slots, Sequence) or not slots:

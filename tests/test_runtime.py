@@ -178,6 +178,20 @@ def test_a_valid_call_after_invalid_ones_matches_the_host_path(built_artifact, d
         assert torch.equal(out.confidences.cpu(), ref.confidences[rows.cpu()])
 
 
+def test_a_full_bucket_in_row_order_matches_the_host_path(built_artifact, device):
+    """The whole bucket drafting in row order skips the layout; other orders take it."""
+    runner = load_runner(built_artifact("eager", "tiny"), device)
+    slots = [runner.admit() for _ in range(3)]
+    host, host_cache = HostPath(runner.drafter), KVCache.allocate(runner.lane, 3, device)
+    for index, inputs in enumerate(synthetic_rounds(runner.lane, 3, 20, 4, 9, device)):
+        order = slots if index % 2 else slots[::-1]
+        picked = torch.tensor([slots.index(s) for s in order], device=device)
+        out = runner.draft(RoundInputs(*(t[picked] for t in inputs.tensors())), order)
+        ref = host.draft(host_cache, inputs)
+        assert torch.equal(out.ids.cpu(), ref.ids[picked.cpu()])
+        assert torch.equal(out.confidences.cpu(), ref.confidences[picked.cpu()])
+
+
 def rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
