@@ -97,7 +97,7 @@ def test_unknown_backend_is_refused_with_the_known_ones():
 def test_tensorrt_without_the_package_says_how_to_install_it(tmp_path):
     backend = get_backend("tensorrt")
     with pytest.raises(MissingBackendError, match=r"pip install 'dspark-compile\[tensorrt\]'"):
-        backend.compile(None, {}, tmp_path)
+        backend.compile(DraftStep(random_drafter(lane_config("tiny"), "cpu")), {}, tmp_path)
     with pytest.raises(MissingBackendError, match="Torch-TensorRT"):
         backend.load(tmp_path, None, [1])
 
