@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dspark_compile.checkpoint import random_drafter
 from dspark_compile.draft import DraftStep, KVCache
 from dspark_compile.reference import HostPath
 from dspark_compile.rounds import context_needed, synthetic_rounds
@@ -41,6 +42,22 @@ def run_both_paths(drafter, batch: int, context: int, rounds: int, seed: int, st
 @pytest.fixture
 def both_paths():
     return run_both_paths
+
+
+def export_targets(lane, device) -> list:
+    """What the draft step of a seeded ``lane`` calls, as ``torch.export`` (non-strict)
+    records it: the targets of the exported graph's call_function nodes."""
+    step = DraftStep(random_drafter(lane, device, seed=0))
+    inputs = next(iter(synthetic_rounds(lane, 3, 40, 1, 0, device, 1.0))).tensors()
+    cache = KVCache.allocate(lane, 3, device, 64)
+    with torch.no_grad():
+        program = torch.export.export(step, (cache.k, cache.v, *inputs), strict=False)
+    return [n.target for n in program.graph.nodes if n.op == "call_function"]
+
+
+@pytest.fixture
+def exported_targets():
+    return export_targets
 
 
 BUILD = """

@@ -12,9 +12,7 @@ import torch
 from dspark_compile import fused_markov
 from dspark_compile.checkpoint import random_drafter
 from dspark_compile.config import lane_config
-from dspark_compile.draft import DraftStep, KVCache
 from dspark_compile.errors import ConfigError
-from dspark_compile.rounds import synthetic_rounds
 
 NO_TRITON = "Triton is not installed (the CPU wheels of torch come without it)"
 ON_CUDA_ONLY = "the kernel runs on CUDA; elsewhere a fused lane keeps the loop"
@@ -178,15 +176,9 @@ def test_compiled_artifacts_of_a_fused_lane_are_token_identical(built_artifact, 
     assert report["identical"] and report["tokens_compared"] > 0
 
 
-def test_the_exported_program_calls_the_walk_in_place_of_the_loop(device):
+def test_the_exported_program_calls_the_walk_in_place_of_the_loop(device, exported_targets):
     if device.type != "cuda":
         pytest.skip(ON_CUDA_ONLY)
-    lane = lane_config("tiny_d2t", fused_markov_step=True)
-    step = DraftStep(random_drafter(lane, device, seed=0))
-    inputs = next(iter(synthetic_rounds(lane, 3, 40, 1, 0, device, 1.0))).tensors()
-    cache = KVCache.allocate(lane, 3, device, 64)
-    with torch.no_grad():
-        program = torch.export.export(step, (cache.k, cache.v, *inputs), strict=False)
-    targets = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    targets = exported_targets(lane_config("tiny_d2t", fused_markov_step=True), device)
     assert targets.count(torch.ops.dspark.markov_walk.default) == 1
     assert torch.ops.aten.argmax.default not in targets  # the loop's reduction is gone

@@ -4,15 +4,13 @@ import importlib.util
 
 import onnx
 import pytest
-import torch
 
 from dspark_compile.artifacts import build_artifact
 from dspark_compile.backends import REGISTRY, get_backend
 from dspark_compile.checkpoint import random_drafter
 from dspark_compile.config import lane_config
-from dspark_compile.draft import DraftStep, KVCache
+from dspark_compile.draft import DraftStep
 from dspark_compile.errors import ConfigError, MissingBackendError
-from dspark_compile.rounds import synthetic_rounds
 
 CPU_BACKENDS = ["eager", "inductor", "aoti", "onnx"]
 HAS_TENSORRT = importlib.util.find_spec("torch_tensorrt") is not None
@@ -55,16 +53,11 @@ def test_artifacts_of_a_flex_attention_lane_are_token_identical(built_artifact, 
     assert report["identical"] and report["tokens_compared"] > 0
 
 
-def test_the_exported_step_calls_flex_attention_in_place_of_sdpa(device):
+def test_the_exported_step_calls_flex_attention_in_place_of_sdpa(device, exported_targets):
     if device.type != "cuda":
         pytest.skip(ON_CUDA_ONLY)
     lane = lane_config("tiny_d2t", **FLEX_LANE)
-    step = DraftStep(random_drafter(lane, device, seed=0))
-    inputs = next(iter(synthetic_rounds(lane, 3, 40, 1, 0, device))).tensors()
-    cache = KVCache.allocate(lane, 3, device, 64)
-    with torch.no_grad():
-        program = torch.export.export(step, (cache.k, cache.v, *inputs), strict=False)
-    targets = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+    targets = [str(t) for t in exported_targets(lane, device)]
     assert sum("flex_attention" in t for t in targets) == lane.num_layers
     assert not any("scaled_dot_product" in t for t in targets)
 
