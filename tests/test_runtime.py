@@ -192,6 +192,24 @@ def test_a_full_bucket_in_row_order_matches_the_host_path(built_artifact, device
         assert torch.equal(out.confidences.cpu(), ref.confidences[picked.cpu()])
 
 
+def test_an_inductor_runner_reaches_each_bucket_by_its_shapes(built_artifact, device):
+    """The buckets are entries of one compiled function, told apart by Dynamo's guards on
+    the step's inputs: after both are warm, rounds go to one, then the other, then back."""
+    runner = load_runner(built_artifact("inductor", "tiny", buckets=(1, 3)), device)
+    host = HostPath(runner.drafter)
+    for phase, batch in enumerate([1, 3, 1]):
+        slots = [runner.admit() for _ in range(batch)]
+        assert runner.bucket(len(runner.slots)) == batch
+        host_cache = KVCache.allocate(runner.lane, batch, device)
+        for inputs in synthetic_rounds(runner.lane, batch, 20, 3, phase, device):
+            out = runner.draft(inputs, slots)
+            ref = host.draft(host_cache, inputs)
+            assert torch.equal(out.ids.cpu(), ref.ids.cpu())
+            assert torch.equal(out.confidences.cpu(), ref.confidences.cpu())
+        for slot in slots:
+            runner.release(slot)
+
+
 def rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
