@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -177,7 +177,10 @@ def draft_probs(drafter: Drafter, logits: Tensor, ids: Tensor, temperature: Tens
 class DraftStep(nn.Module):
     """The module every backend compiles. Mutates the cache in place (the context append).
 
-    Returns ``(ids, confidences)``, plus the draft distribution q when ``with_probs``.
+    Returns ``(ids, confidences, rules)``, plus the draft distribution q when ``with_probs``.
+    ``rules`` is :func:`round_rules` of the inputs: a round that breaks one runs inert (no
+    new context, the anchor at the context capacity, nothing indexed out of range), so the
+    caller can check it after the round, in the same host sync as the ids.
     """
 
     def __init__(self, drafter: Drafter, with_probs: bool = False):
@@ -189,14 +192,21 @@ class DraftStep(nn.Module):
                 anchor: Tensor, anchor_pos: Tensor, temperature: Tensor, seed: Tensor
                 ) -> tuple[Tensor, ...]:
         d = self.drafter
+        slots = k_cache.shape[-2]
+        rules = round_rules(d.lane, slots, features, num_new, anchor, anchor_pos,
+                            temperature, seed)
+        ok = rules.all()
+        num_new, anchor, seed = (t.where(ok, 0) for t in (num_new, anchor, seed))
+        anchor_pos = anchor_pos.where(ok, context_capacity(d.lane, slots))
+        temperature = temperature.where(ok, 0.0)
         d.append_context(k_cache, v_cache, features, num_new, anchor_pos)
         h, base_logits = d(k_cache, v_cache, anchor, anchor_pos)
         ids, prevs, logits = markov_loop(d, h, base_logits, anchor, temperature, seed,
                                          anchor_pos, keep_logits=self.with_probs)
         confidences = d.confidences(h, prevs)
         if self.with_probs:
-            return ids, confidences, draft_probs(d, logits, ids, temperature)
-        return ids, confidences
+            return ids, confidences, rules, draft_probs(d, logits, ids, temperature)
+        return ids, confidences, rules
 
 
 @torch.no_grad()
@@ -204,11 +214,20 @@ def draft(drafter: Drafter, cache: KVCache, inputs: RoundInputs,
           with_probs: bool = False) -> DraftOutput:
     """One eager draft round on the device, after checking the inputs."""
     check_round(drafter.lane, cache, inputs)
-    return DraftOutput(*DraftStep(drafter, with_probs)(cache.k, cache.v, *inputs.tensors()))
+    ids, confidences, _, *probs = DraftStep(drafter, with_probs)(cache.k, cache.v,
+                                                                *inputs.tensors())
+    return DraftOutput(ids, confidences, *probs)
 
 
 def check_round(lane: LaneConfig, cache: KVCache, inputs: RoundInputs) -> None:
     """Raise :class:`InputError` for any input the draft step cannot take (one host sync)."""
+    check_shapes(lane, cache, inputs)
+    slots = cache.k.shape[-2]
+    check_rules(lane, slots, inputs, round_rules(lane, slots, *inputs.tensors()).tolist())
+
+
+def check_shapes(lane: LaneConfig, cache: KVCache, inputs: RoundInputs) -> None:
+    """Types, shapes, dtypes and devices: the half of :func:`check_round` on the host."""
     features, num_new, anchor, anchor_pos, temperature, seed = inputs.tensors()
     if not isinstance(features, Tensor) or features.dim() != 3 or features.shape[0] == 0:
         raise InputError("features", f"shape {tuple(getattr(features, 'shape', ()))}",
@@ -225,42 +244,66 @@ def check_round(lane: LaneConfig, cache: KVCache, inputs: RoundInputs) -> None:
                     ("seed", seed)):
         _expect(name, t, (R,), torch.int64, device)
     _expect("temperature", temperature, (R,), torch.float32, device)
-    max_context = min(slots - lane.block_rows - 1, lane.max_context)
-    # every value check in one host sync and a dozen small kernels: a round's inputs are
-    # tiny, so launches, not bytes, cost time here. float64 holds every integer that can
-    # pass exactly (what it rounds is out of range either way); messages use exact values.
-    starts = anchor_pos - num_new
-    values = torch.stack([anchor, num_new, starts, anchor_pos, seed]).double()
-    lo, hi = torch.cat([values, temperature.double()[None]]).aminmax(dim=1)
-    valid = torch.arange(N, device=device)[None, :] < num_new[:, None]
+
+
+def context_capacity(lane: LaneConfig, slots: int) -> int:
+    """The largest anchor position a cache of ``slots`` slots takes on this lane."""
+    return min(slots - lane.block_rows - 1, lane.max_context)
+
+
+# the input each rule of round_rules is about, in its order
+RULES = ("anchor", "num_new", "anchor_pos", "anchor_pos", "features", "temperature", "seed")
+
+
+def round_rules(lane: LaneConfig, slots: int, features: Tensor, num_new: Tensor,
+                anchor: Tensor, anchor_pos: Tensor, temperature: Tensor, seed: Tensor
+                ) -> Tensor:
+    """Whether the round keeps each of the value rules :func:`check_rules` names, as a bool
+    vector on the inputs' device: no host sync, so the draft step itself can compute it and
+    :func:`check_round` can say which rule failed."""
+    max_context = context_capacity(lane, slots)
+    valid = torch.arange(features.shape[1], device=features.device)[None, :] < num_new[:, None]
     # a float64 row sum is finite exactly when the row is (no overflow from bf16/fp32
     # values), and takes no [R, N, F] temporary: prompts can be gigabytes
     row_sums = features.sum(-1, dtype=torch.float64)
-    total = torch.where(valid, row_sums, 0).sum()
-    (a_lo, n_lo, start_lo, s_lo, seed_lo, t_lo, a_hi, n_hi, _, s_hi, seed_hi, t_hi,
-     total) = torch.cat([lo, hi, total[None]]).tolist()
-    checks = [
-        ("anchor", 0 <= a_lo and a_hi < lane.target_vocab_size,
-         lambda: f"values in {_span(anchor)}", f"[0, {lane.target_vocab_size})"),
-        ("num_new", 0 <= n_lo and n_hi <= N, lambda: f"values in {_span(num_new)}",
-         f"[0, {N}] (rows of features)"),
-        # s_lo: a negative anchor_pos near -2^63 wraps in the subtraction
-        ("anchor_pos", start_lo >= 0 and s_lo >= 0,
-         lambda: f"anchor_pos - num_new down to {starts.min()}",
+    return torch.stack([
+        ((anchor >= 0) & (anchor < lane.target_vocab_size)).all(),
+        ((num_new >= 0) & (num_new <= features.shape[1])).all(),
+        (anchor_pos >= num_new).all(),  # compared, not subtracted: no int64 wrap
+        (anchor_pos <= max_context).all(),
+        torch.where(valid, row_sums, 0).isfinite().all(),
+        ((temperature >= 0) & (temperature < math.inf)).all(),  # NaN fails both
+        ((seed >= 0) & (seed < 1 << 32)).all(),
+    ])
+
+
+def check_rules(lane: LaneConfig, slots: int, inputs: RoundInputs,
+                kept: Sequence[bool]) -> None:
+    """Raise the :class:`InputError` of the first rule of :func:`round_rules` that ``inputs``
+    broke; ``kept`` may come from a round that holds them plus inert rows. Messages use
+    exact values, computed only when a rule is broken."""
+    features, num_new, anchor, anchor_pos, temperature, seed = inputs.tensors()
+    N = features.shape[1]
+
+    def bad_rows() -> int:
+        valid = torch.arange(N, device=features.device)[None, :] < num_new[:, None]
+        return int((valid & ~torch.isfinite(features.sum(-1, dtype=torch.float64))).sum())
+
+    messages = [  # (what was found, what is allowed), per rule
+        (lambda: f"values in {_span(anchor)}", f"[0, {lane.target_vocab_size})"),
+        (lambda: f"values in {_span(num_new)}", f"[0, {N}] (rows of features)"),
+        (lambda: f"{int((anchor_pos < num_new).sum())} rows below num_new",
          "anchor_pos >= num_new"),
-        ("anchor_pos", s_hi <= max_context, lambda: f"up to {anchor_pos.max()}",
-         f"<= {max_context} (the context capacity of the cache and the lane)"),
-        ("features", math.isfinite(total),
-         lambda: f"NaN or Inf in {(valid & ~torch.isfinite(row_sums)).sum()} of the rows "
-                 "that num_new marks valid", "finite values (padding rows may hold anything)"),
-        # NaN fails both comparisons
-        ("temperature", t_lo >= 0 and t_hi < math.inf,
-         lambda: f"{((temperature < 0) | ~torch.isfinite(temperature)).sum()} negative, NaN "
+        (lambda: f"up to {anchor_pos.max()}",
+         f"<= {context_capacity(lane, slots)} (the context capacity of the cache and the "
+         "lane)"),
+        (lambda: f"NaN or Inf in {bad_rows()} of the rows that num_new marks valid",
+         "finite values (padding rows may hold anything)"),
+        (lambda: f"{((temperature < 0) | ~torch.isfinite(temperature)).sum()} negative, NaN "
                  "or infinite values", "0 (greedy) or a finite positive number"),
-        ("seed", 0 <= seed_lo and seed_hi < 1 << 32, lambda: f"values in {_span(seed)}",
-         "[0, 2^32)"),
+        (lambda: f"values in {_span(seed)}", "[0, 2^32)"),
     ]
-    for name, ok, found, allowed in checks:
+    for name, (found, allowed), ok in zip(RULES, messages, kept, strict=True):
         if not ok:
             raise InputError(name, found(), allowed)
 

@@ -18,7 +18,8 @@ from dspark_compile.artifacts import WEIGHTS, environment, read_manifest
 from dspark_compile.backends import get_backend
 from dspark_compile.checkpoint import load_weights
 from dspark_compile.config import LaneConfig
-from dspark_compile.draft import DraftOutput, DraftStep, KVCache, RoundInputs, check_round
+from dspark_compile.draft import (RULES, DraftOutput, DraftStep, KVCache, RoundInputs,
+                                  check_rules, check_shapes, round_rules)
 from dspark_compile.errors import ArtifactError, InputError, RunnerBusyError
 from dspark_compile.model import Drafter
 
@@ -93,7 +94,7 @@ class Runner:
         pool = torch.cuda.graph_pool_handle() if capture else None  # buckets share memory
         self._inputs: dict[int, tuple[Tensor, ...]] = {}
         self._calls: dict[int, Callable[[], tuple[Tensor, ...]]] = {}
-        self._host: dict[int, tuple[Tensor, Tensor]] = {}
+        self._host: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
         with torch.no_grad():
             for bucket in self.buckets:
                 self._inputs[bucket] = self._inert(bucket)
@@ -101,7 +102,8 @@ class Runner:
                 self._calls[bucket] = bind(steps[bucket], args, capture, pool)
                 self._host[bucket] = (
                     torch.empty(bucket, self.lane.k, dtype=torch.long, pin_memory=pinned),
-                    torch.empty(bucket, self.lane.k, dtype=torch.float32, pin_memory=pinned))
+                    torch.empty(bucket, self.lane.k, dtype=torch.float32, pin_memory=pinned),
+                    torch.empty(len(RULES), dtype=torch.bool, pin_memory=pinned))
 
     def _inert(self, bucket: int) -> tuple[Tensor, ...]:
         lane, device = self.lane, self.device
@@ -189,7 +191,7 @@ class Runner:
                 full = inputs  # the whole bucket in row order: nothing to lay out
             else:
                 full, _ = self.layout(inputs, slots)
-            return self._run(full).select(torch.tensor(rows))
+            return self._run(full, inputs).select(torch.tensor(rows))
 
     def _check(self, inputs: RoundInputs, slots: Sequence[int]) -> None:
         if not isinstance(slots, Sequence) or not slots:
@@ -203,29 +205,37 @@ class Runner:
                 and features.shape[0] != len(slots):
             raise InputError("features", f"{features.shape[0]} rows for {len(slots)} slots",
                              "one row per slot")
-        # shapes and ranges; the cache view only lends its shape, dtype and device
-        check_round(self.lane, KVCache(self.cache.k[:len(slots)], self.cache.v[:len(slots)]),
-                    inputs)
+        # shapes here, values by the step itself (_run); the cache view only lends its
+        # shape, dtype and device
+        check_shapes(self.lane, KVCache(self.cache.k[:len(slots)], self.cache.v[:len(slots)]),
+                     inputs)
 
-    def _run(self, full: RoundInputs) -> DraftOutput:
-        """One bucket-sized round; every output on the host except q."""
-        bucket = full.features.shape[0]
+    def _run(self, full: RoundInputs, inputs: RoundInputs) -> DraftOutput:
+        """One bucket-sized round ``full`` that holds the caller's ``inputs``; every output
+        on the host except q. A round whose values break a rule of ``round_rules`` raises
+        after it ran inert, so it changed no context."""
+        bucket, slots = full.features.shape[0], self.cache.k.shape[-2]
         static = self._inputs[bucket]
         tensors = full.tensors()
         if full.features.shape[1] != self.lane.k + 1:  # prefill: append the prompt eagerly
+            kept = round_rules(self.lane, slots, *tensors).tolist()
+            check_rules(self.lane, slots, inputs, kept)
             self.drafter.append_context(self.cache.k[:bucket], self.cache.v[:bucket],
                                         *tensors[:2], full.anchor_pos)
             tensors = (static[0], torch.zeros_like(full.num_new), *tensors[2:])
-        for buffer, tensor in zip(static, tensors):
-            if buffer is not tensor:
-                buffer.copy_(tensor)
-        ids, confidences, *probs = self._calls[bucket]()
-        ids_host, confidences_host = self._host[bucket]
-        ids_host.copy_(ids, non_blocking=True)
-        confidences_host.copy_(confidences, non_blocking=True)
+        pairs = [(buffer, tensor) for buffer, tensor in zip(static, tensors)
+                 if buffer is not tensor]
+        torch._foreach_copy_([buffer for buffer, _ in pairs], [tensor for _, tensor in pairs])
+        outputs = self._calls[bucket]()
+        host = self._host[bucket]
+        for buffer, tensor in zip(host, outputs):
+            buffer.copy_(tensor, non_blocking=True)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
-        return DraftOutput(ids_host, confidences_host, probs[0].clone() if probs else None)
+        ids, confidences, kept = host
+        check_rules(self.lane, slots, inputs, kept.tolist())
+        probs = outputs[3].clone() if len(outputs) > 3 else None
+        return DraftOutput(ids, confidences, probs)
 
 
 def load_runner(artifact_dir: str | Path, device: torch.device | str = "cpu") -> Runner:

@@ -89,10 +89,10 @@ def test_concurrent_calls_from_two_threads_are_refused(runner, device, monkeypat
     inside, release = threading.Event(), threading.Event()
     run = Runner._run
 
-    def slow_run(self, full):
+    def slow_run(self, *args):
         inside.set()
         release.wait(10)
-        return run(self, full)
+        return run(self, *args)
     monkeypatch.setattr(Runner, "_run", slow_run)
     first = threading.Thread(target=runner.draft, args=(inputs, [slot]))
     first.start()
@@ -163,14 +163,41 @@ def test_fuzzed_round_inputs_draft_or_raise_input_error(built_artifact, device, 
     assert int(out.ids.min()) >= 0 and int(out.ids.max()) < lane.target_vocab_size
 
 
+def broken(inputs: RoundInputs, rule: int, capacity: int) -> tuple[RoundInputs, str]:
+    """``inputs`` with one value rule of ``round_rules`` broken in one row, and the field
+    whose error that gives."""
+    features, num_new, anchor, anchor_pos, temperature, seed = (
+        t.clone() for t in inputs.tensors())
+    if rule == 0:
+        anchor[1] += 10**6
+    elif rule == 1:
+        num_new[1] = features.shape[1] + 1
+    elif rule == 2:
+        anchor_pos[1] = num_new[1] - 1
+    elif rule == 3:
+        anchor_pos[1] = capacity + 1
+    elif rule == 4:
+        features[1, num_new[1] - 1, 0] = float("nan")
+    elif rule == 5:
+        temperature[1] = float("nan")
+    else:
+        seed[1] = 1 << 32
+    field = ["anchor", "num_new", "anchor_pos", "anchor_pos", "features", "temperature",
+             "seed"][rule]
+    return RoundInputs(features, num_new, anchor, anchor_pos, temperature, seed), field
+
+
 def test_a_valid_call_after_invalid_ones_matches_the_host_path(built_artifact, device):
+    """Decode rounds check their values inside the step: a round that breaks a rule runs
+    inert and raises after it, so the context is as if it never ran."""
     runner = load_runner(built_artifact("eager", "tiny"), device)
     slots = [runner.admit() for _ in range(2)]
     host, host_cache = HostPath(runner.drafter), KVCache.allocate(runner.lane, 3, device)
-    for inputs in synthetic_rounds(runner.lane, 2, 20, 4, 9, device):
-        with pytest.raises(InputError):  # out-of-range anchor, refused before any write
-            runner.draft(RoundInputs(inputs.features, inputs.num_new, inputs.anchor + 10**6,
-                                     inputs.anchor_pos), slots)
+    for index, inputs in enumerate(synthetic_rounds(runner.lane, 2, 20, 8, 9, device)):
+        if index:  # the first round is the prompt, appended before the step
+            bad, field = broken(inputs, index - 1, runner.max_context)
+            with pytest.raises(InputError, match=f"^{field}"):
+                runner.draft(bad, slots)
         out = runner.draft(inputs, slots)
         full, rows = runner.layout(inputs, slots)
         ref = host.draft(host_cache, full)

@@ -3,7 +3,8 @@
 - ``compile(step, examples, out_dir)`` writes the payload for every bucket into ``out_dir``
   (``examples[bucket]`` are example draft-step inputs of that batch size);
 - ``load(out_dir, step, buckets)`` returns, per bucket, a callable with the draft step's
-  signature that updates the KV cache in place and returns ``(ids, confidences)``.
+  signature that updates the KV cache in place and returns the draft step's outputs
+  ``(ids, confidences, rules[, q])``.
 
 A module may set ``DEVICES`` (device types it runs on), ``DTYPE`` (a dtype it forces) and
 ``OWN_CUDA_GRAPH`` (its callable replays a CUDA graph of its own; the runtime captures every

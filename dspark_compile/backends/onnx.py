@@ -25,7 +25,7 @@ INPUTS = ["k_cache", "v_cache", "features", "num_new", "anchor", "anchor_pos", "
 
 
 def _outputs(step: DraftStep) -> list[str]:
-    return ["ids", "confidences", *(["probs"] if step.with_probs else []), "k_cache_out",
+    return ["ids", "confidences", "rules", *(["probs"] if step.with_probs else []), "k_cache_out",
             "v_cache_out"]
 
 
