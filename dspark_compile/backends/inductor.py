@@ -1,4 +1,4 @@
-"""``torch.compile(mode="reduce-overhead")`` per bucket; the compiled kernels travel as
+"""``torch.compile`` with reduce-overhead's options per bucket; the compiled kernels travel as
 Inductor's cache artifacts, so a fresh process skips Inductor and Triton code generation."""
 
 from __future__ import annotations
@@ -20,7 +20,13 @@ def _compiled(step: DraftStep) -> Callable:
     # Round every bf16 intermediate as eager does; without it fused kernels keep fp32
     # intermediates and the KV cache drifts from the eager path's bits.
     torch._inductor.config.emulate_precision_casts = True
-    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True, dynamic=False)
+    # mode="reduce-overhead" as its options, plus a guard filter (torch.compile takes a
+    # mode or options, not both). Dynamo guards every parameter and module attribute of
+    # the drafter on each call; the runtime never replaces them after loading, so only
+    # the guards on the step's inputs are kept (shapes pick the bucket's entry).
+    options = {**torch._inductor.list_mode_options("reduce-overhead"),
+               "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+    compiled = torch.compile(step, options=options, fullgraph=True, dynamic=False)
 
     def call(*inputs: Tensor) -> tuple[Tensor, ...]:
         # The step writes the KV cache in place, and reduce-overhead graphs a function
