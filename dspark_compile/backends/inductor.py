@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch._inductor.config
+import torch._inductor
 from torch import Tensor
 
 from dspark_compile.draft import DraftStep
@@ -17,14 +17,17 @@ OWN_CUDA_GRAPH = True  # reduce-overhead records and replays its own graph
 
 
 def _compiled(step: DraftStep) -> Callable:
-    # Round every bf16 intermediate as eager does; without it fused kernels keep fp32
-    # intermediates and the KV cache drifts from the eager path's bits.
-    torch._inductor.config.emulate_precision_casts = True
-    # mode="reduce-overhead" as its options, plus a guard filter (torch.compile takes a
-    # mode or options, not both). Dynamo guards every parameter and module attribute of
-    # the drafter on each call; the runtime never replaces them after loading, so only
-    # the guards on the step's inputs are kept (shapes pick the bucket's entry).
+    # mode="reduce-overhead" as its options (torch.compile takes a mode or options, not
+    # both), plus:
+    # - emulate_precision_casts: round every bf16 intermediate as eager does; without it
+    #   fused kernels keep fp32 intermediates and the KV cache drifts from the eager
+    #   path's bits. Set for this compile only: set process-wide, it would also change
+    #   the bits of the host path's FlexAttention compiled after it.
+    # - a guard filter: Dynamo guards every parameter and module attribute of the drafter
+    #   on each call; the runtime never replaces them after loading, so only the guards
+    #   on the step's inputs are kept (shapes pick the bucket's entry).
     options = {**torch._inductor.list_mode_options("reduce-overhead"),
+               "emulate_precision_casts": True,
                "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
     compiled = torch.compile(step, options=options, fullgraph=True, dynamic=False)
 

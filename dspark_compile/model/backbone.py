@@ -25,8 +25,11 @@ FLEX_BLOCK = 128  # keys (and query rows) per block of a FlexAttention block mas
 def compiled_flex_attention() -> Callable[..., Tensor]:
     """FlexAttention is fast only compiled: eager callers go through this compile of it,
     and a step that is being compiled or exported lowers the same op itself. Made on first
-    use: ``torch.compile`` takes seconds to import."""
-    return torch.compile(flex_attention, dynamic=False)
+    use: ``torch.compile`` takes seconds to import. Its rounding is that of the compiled
+    backends' own lowering (``emulate_precision_casts``), fixed here so that no flag set
+    elsewhere in the process changes the host path's bits (on CUDA it did)."""
+    return torch.compile(flex_attention, dynamic=False,
+                         options={"emulate_precision_casts": True})
 
 
 class RMSNorm(nn.Module):

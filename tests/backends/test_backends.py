@@ -4,6 +4,7 @@ import importlib.util
 
 import onnx
 import pytest
+import torch._inductor.config
 
 from dspark_compile.artifacts import build_artifact
 from dspark_compile.backends import REGISTRY, get_backend
@@ -11,6 +12,8 @@ from dspark_compile.checkpoint import random_drafter
 from dspark_compile.config import lane_config
 from dspark_compile.draft import DraftStep
 from dspark_compile.errors import ConfigError, MissingBackendError
+from dspark_compile.rounds import synthetic_rounds
+from dspark_compile.runtime import load_runner
 
 CPU_BACKENDS = ["eager", "inductor", "aoti", "onnx"]
 HAS_TENSORRT = importlib.util.find_spec("torch_tensorrt") is not None
@@ -51,6 +54,16 @@ def test_artifacts_of_a_flex_attention_lane_are_token_identical(built_artifact, 
     code, report, stderr = fresh_verify(artifact, "temperature=1.0", "rounds=12")
     assert code == 0, stderr
     assert report["identical"] and report["tokens_compared"] > 0
+
+
+def test_an_inductor_runner_leaves_the_process_inductor_config_alone(built_artifact, device):
+    """The backend's Inductor options hold for its own compile. Set for the whole process,
+    they changed the bits of what Inductor compiled after it: the host path's
+    FlexAttention, on CUDA."""
+    before = torch._inductor.config.get_config_copy()
+    runner = load_runner(built_artifact("inductor", "tiny", buckets=(1, 3)), device)
+    runner.draft(next(synthetic_rounds(runner.lane, 1, 20, 1, 0, device)), [runner.admit()])
+    assert torch._inductor.config.get_config_copy() == before
 
 
 def test_the_exported_step_calls_flex_attention_in_place_of_sdpa(device, exported_targets):
