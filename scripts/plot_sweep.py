@@ -59,8 +59,8 @@ def plot(rows: list[dict], out: Path) -> None:
             if key == "ms":
                 for context in contexts:
                     floor = series(rows, lane, "floor_ms").get(("host", context), {})
-                    ax.plot(list(floor), list(floor.values()), styles[context], color="k", marker="_",
-                            linewidth=1, label=f"floor, context {context}")
+                    ax.plot(list(floor), list(floor.values()), styles[context], color="k",
+                            marker="_", linewidth=1, label=f"floor, context {context}")
             if key == "vs_floor":
                 ax.axhline(1.0, color="k", linewidth=1)
             ax.set_xscale("log")
