@@ -53,7 +53,8 @@ class Launch:
     """How the walk is launched: requests padded to ``rows`` (the tensor cores' and
     Triton's power-of-two shapes), ``block`` columns per tile, ``warps`` per program, and
     at most ``programs_per_sm`` programs per streaming multiprocessor, each taking a run
-    of whole tiles (fewer programs, fewer partial results for the last one to reduce).
+    of whole tiles (fewer programs, fewer partial results for the last one to reduce),
+    with ``stages`` tiles of W2 in flight (Triton's software pipeline; 3 is its default).
     ``resident``: one launch for all k steps, each program holding one tile of W2 on chip
     for the whole walk (where W2 fits in the multiprocessors' shared memory); otherwise
     one launch per step, streaming W2."""
@@ -62,6 +63,7 @@ class Launch:
     block: int
     warps: int
     programs_per_sm: int
+    stages: int = 3
     resident: bool = False
 
 
@@ -388,7 +390,8 @@ if triton is not None:
                 anchor if d2t is None else d2t, best, index, count, ids, R, V)
         options = dict(RANK=w1.shape[1], R_PAD=launch.rows, BLOCK=launch.block,
                        PROGRAMS=programs, PARTS=reduction_chunk(launch, programs),
-                       HAS_D2T=d2t is not None, num_warps=launch.warps)
+                       HAS_D2T=d2t is not None, num_warps=launch.warps,
+                       num_stages=launch.stages)
         if launch.resident:
             torch.library.wrap_triton(_markov_walk_kernel)[(programs,)](
                 *args, base.stride(0), K=k, **options)
