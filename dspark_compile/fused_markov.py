@@ -53,7 +53,8 @@ class Launch:
     """How the walk is launched: requests padded to ``rows`` (the tensor cores' and
     Triton's power-of-two shapes), ``block`` columns per tile, ``warps`` per program, and
     at most ``programs_per_sm`` programs per streaming multiprocessor, each taking a run
-    of whole tiles (fewer programs, fewer partial results for the last one to reduce).
+    of whole tiles (fewer programs, fewer partial results for the last one to reduce),
+    with ``stages`` tiles of W2 in flight (Triton's software pipeline; 3 is its default).
     ``resident``: one launch for all k steps, each program holding one tile of W2 on chip
     for the whole walk (where W2 fits in the multiprocessors' shared memory); otherwise
     one launch per step, streaming W2."""
@@ -62,6 +63,7 @@ class Launch:
     block: int
     warps: int
     programs_per_sm: int
+    stages: int = 3
     resident: bool = False
 
 
@@ -69,7 +71,8 @@ class Launch:
 # fastest greedy launches timed on the H200 on the 27B lane, at 16 and 64 rows
 # (bench/results/issue5_h200/resident/, 64 rows also against 32x8x1 in rows/steps/) and
 # at 32 rows (rows/steps/); 64 rows is also the 35B-A3B lane's fastest on the kernel
-# before (walk/launch_sweep/). Past 64 rows an untried guess. All free of register spills
+# before (walk/launch_sweep/); 20 other launches at 64 rows, stages among them, were all
+# slower (launch64/sweep/). Past 64 rows an untried guess. All free of register spills
 # on sm_90 (128 columns at 64 rows spill and overflow shared memory).
 LAUNCHES = {16: (128, 8, 1), 32: (128, 8, 1), 64: (64, 8, 1)}
 # W2 bytes a resident program keeps in shared memory (an H200 program has 227 KB), and
@@ -107,10 +110,10 @@ if triton is not None:
 
     @triton.jit
     def _round_bf16(x):
-        # fp32 -> nearest bf16 (ties to even), kept in fp32: the bit trick of draft.rounded
-        bits = x.to(tl.int32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -0x10000
-        return bits.to(tl.float32, bitcast=True)
+        # fp32 -> nearest bf16 (ties to even), kept in fp32, as draft.rounded rounds: one
+        # cvt.rn.bf16x2 per two values (Triton keeps the round trip that Inductor dropped),
+        # where the integer bit trick took four instructions a value
+        return x.to(tl.bfloat16).to(tl.float32)
 
     @triton.jit
     def _mix(x):
@@ -388,7 +391,8 @@ if triton is not None:
                 anchor if d2t is None else d2t, best, index, count, ids, R, V)
         options = dict(RANK=w1.shape[1], R_PAD=launch.rows, BLOCK=launch.block,
                        PROGRAMS=programs, PARTS=reduction_chunk(launch, programs),
-                       HAS_D2T=d2t is not None, num_warps=launch.warps)
+                       HAS_D2T=d2t is not None, num_warps=launch.warps,
+                       num_stages=launch.stages)
         if launch.resident:
             torch.library.wrap_triton(_markov_walk_kernel)[(programs,)](
                 *args, base.stride(0), K=k, **options)

@@ -2,7 +2,8 @@
 loop and as the fused Triton walk, each captured in one CUDA graph, at a lane's shapes.
 
     python scripts/markov_loop_bench.py --lane qwen36_27b --batches 1 8 64 --out loop.json
-    python scripts/markov_loop_bench.py ... --launch 64x8x1 32x4x2  # columns x warps x per SM
+    python scripts/markov_loop_bench.py ... --launch 64x8x1 64x8x1x4  # columns x warps x
+    # programs per SM [x stages of Triton's pipeline]
 
 Only the Markov head is built (random weights drawn as ``checkpoint.random_drafter`` draws
 them), with random base logits. The floor is the loop's own traffic, W2 read once per step
@@ -83,7 +84,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--launch", nargs="*", default=[],
                         help="extra fused launches, one per step, streaming W2: "
-                             "COLUMNSxWARPSxPROGRAMS_PER_SM (e.g. 64x8x1)")
+                             "COLUMNSxWARPSxPROGRAMS_PER_SM[xSTAGES] (e.g. 64x8x1, 64x8x1x4)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     device = torch.device("cuda")
@@ -101,10 +102,9 @@ def main() -> None:
     default = fused_markov.launch_shape
     launches = {"loop (fused)": default}
     for launch in args.launch:
-        block, warps, per_sm = map(int, launch.split("x"))
+        shape = tuple(map(int, launch.split("x")))
         launches[f"loop (fused, {launch})"] = (
-            lambda *shape, b=block, w=warps, p=per_sm:
-                fused_markov.Launch(default(*shape).rows, b, w, p))
+            lambda *lane_shape, s=shape: fused_markov.Launch(default(*lane_shape).rows, *s))
     rows = []
     for R, sampled in ((R, sampled) for R in args.batches for sampled in (False, True)):
         inputs = dict(

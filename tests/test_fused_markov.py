@@ -12,6 +12,7 @@ import torch
 from dspark_compile import fused_markov
 from dspark_compile.checkpoint import random_drafter
 from dspark_compile.config import lane_config
+from dspark_compile.draft import rounded
 from dspark_compile.errors import ConfigError
 
 NO_TRITON = "Triton is not installed (the CPU wheels of torch come without it)"
@@ -140,7 +141,7 @@ def test_the_kernel_compiles_for_the_h200_without_register_spills(lane_name, row
                        attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned},
                        constexprs={n: constants[n] for n in constexprs})
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=launch.warps))
+                              options=dict(num_warps=launch.warps, num_stages=launch.stages))
     ptx = tmp_path / "kernel.ptx"
     ptx.write_text(compiled.asm["ptx"])
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
@@ -148,6 +149,37 @@ def test_the_kernel_compiles_for_the_h200_without_register_spills(lane_name, row
                              str(tmp_path / "kernel.cubin")], capture_output=True, text=True)
     assert report.returncode == 0, report.stderr
     assert " 0 bytes spill stores" in report.stderr, report.stderr
+
+
+if fused_markov.triton is not None:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _rounding_kernel(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + i, mask=i < N)
+        tl.store(y_ptr + i, fused_markov._round_bf16(x), mask=i < N)
+
+
+def test_the_kernel_rounds_to_bf16_as_the_eager_path_does(device):
+    """fp32 values exactly halfway between two bf16 values (after an even and after an odd
+    last bit), one bit either side of halfway, subnormals, and values that round past
+    bf16's largest finite one, both signs: the kernel's rounding, bit for bit, against
+    ``draft.rounded``'s."""
+    if device.type != "cuda":
+        pytest.skip(ON_CUDA_ONLY)
+    high = torch.tensor([0x3F80, 0x3F81, 0x4049, 0x0001, 0x0002, 0x007F, 0x7F7E, 0x7F7F],
+                        dtype=torch.int32)  # the upper 16 bits: both parities, subnormal, huge
+    low = torch.tensor([0x0000, 0x7FFF, 0x8000, 0x8001, 0xFFFF], dtype=torch.int32)
+    bits = (high[:, None] << 16 | low[None, :]).flatten()
+    bits = torch.cat([bits, bits | -0x80000000])  # and negated
+    x = bits.view(torch.float32).to(device)
+    y = torch.empty_like(x)
+    _rounding_kernel[(1,)](x, y, x.numel(), BLOCK=128)
+    expected = rounded(x, torch.bfloat16)
+    assert torch.isinf(expected).any()  # the largest values did round past bf16's range
+    assert torch.equal(y.view(torch.int32), expected.view(torch.int32))
 
 
 @pytest.mark.parametrize("lane_name", ["tiny", "tiny_d2t"])
