@@ -34,13 +34,29 @@ def test_the_fused_step_is_refused_where_the_kernel_does_not_apply(changes):
 # k steps in one resident launch up to 16 rows, a launch per step past them), one tile per
 # program, and runs of three tiles (the last program's run cut short). The interpreter
 # cannot load bf16 from CPU memory, so the kernel gets fp32 copies of the bf16 values (the
-# same numbers).
+# same numbers). Triton 3.6's interpreter truncates fp32 -> bf16 (the GPU's cvt.rn rounds
+# to nearest even: test_the_kernel_rounds_to_bf16_as_the_eager_path_does), so the script
+# converts as the GPU does.
 INTERPRETED = """
-import json, torch
+import json, numpy as np, torch
+import triton.language as tl
+from triton.runtime import interpreter
 from dspark_compile import fused_markov
 from dspark_compile.checkpoint import random_drafter
 from dspark_compile.config import lane_config
 from dspark_compile.draft import markov_loop
+
+cast = interpreter.InterpreterBuilder.cast_impl
+def cast_as_the_gpu(self, src, dst_type):
+    data = np.ascontiguousarray(src.data)
+    if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+        bits = torch.from_numpy(data).to(torch.bfloat16).view(torch.int16).numpy()
+        return interpreter.TensorHandle(bits.view(np.uint16), tl.bfloat16)
+    if src.dtype.scalar == tl.bfloat16 and dst_type.scalar == tl.float32:
+        wide = data.astype(np.uint32) << 16
+        return interpreter.TensorHandle(wide.view(np.float32), tl.float32)
+    return cast(self, src, dst_type)
+interpreter.InterpreterBuilder.cast_impl = cast_as_the_gpu
 
 lane = lane_config("tiny_d2t", draft_vocab_size=320)  # 2.5 or 5 tiles: the last one masked
 drafter = random_drafter(lane, "cpu", seed=3)
