@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
@@ -95,6 +96,7 @@ class Runner:
         self._inputs: dict[int, tuple[Tensor, ...]] = {}
         self._calls: dict[int, Callable[[], tuple[Tensor, ...]]] = {}
         self._host: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
+        self._defaults: dict[int, tuple[Tensor, Tensor]] = {}  # requests -> (T, seed) zeros
         with torch.no_grad():
             for bucket in self.buckets:
                 self._inputs[bucket] = self._inert(bucket)
@@ -186,6 +188,7 @@ class Runner:
         ``slots`` (q, when the artifact has it, stays on the device)."""
         with self._exclusive():
             self._check(inputs, slots)
+            inputs = self._with_defaults(inputs)
             rows = [self._row(s) for s in slots]
             if rows == list(range(self.bucket(len(self._rows)))):
                 full = inputs  # the whole bucket in row order: nothing to lay out
@@ -209,6 +212,21 @@ class Runner:
         # shape, dtype and device
         check_shapes(self.lane, KVCache(self.cache.k[:len(slots)], self.cache.v[:len(slots)]),
                      inputs)
+
+    def _with_defaults(self, inputs: RoundInputs) -> RoundInputs:
+        """``inputs`` with a default temperature and seed (zeros) that the runner keeps, so
+        that a round allocates and fills nothing for them."""
+        if inputs.temperature is not None and inputs.seed is not None:
+            return inputs
+        rows = inputs.anchor.shape[0]
+        if rows not in self._defaults:
+            self._defaults[rows] = (
+                torch.zeros(rows, dtype=torch.float32, device=self.device),
+                torch.zeros(rows, dtype=torch.long, device=self.device))
+        temperature, seed = self._defaults[rows]
+        return dataclasses.replace(
+            inputs, temperature=temperature if inputs.temperature is None else inputs.temperature,
+            seed=seed if inputs.seed is None else inputs.seed)
 
     def _run(self, full: RoundInputs, inputs: RoundInputs) -> DraftOutput:
         """One bucket-sized round ``full`` that holds the caller's ``inputs``; every output
