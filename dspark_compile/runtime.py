@@ -20,7 +20,7 @@ from dspark_compile.backends import get_backend
 from dspark_compile.checkpoint import load_weights
 from dspark_compile.config import LaneConfig
 from dspark_compile.draft import (RULES, DraftOutput, DraftStep, KVCache, RoundInputs,
-                                  check_rules, check_shapes, round_rules)
+                                  check_input_shapes, check_rules, round_rules)
 from dspark_compile.errors import ArtifactError, InputError, RunnerBusyError
 from dspark_compile.model import Drafter
 
@@ -208,10 +208,8 @@ class Runner:
                 and features.shape[0] != len(slots):
             raise InputError("features", f"{features.shape[0]} rows for {len(slots)} slots",
                              "one row per slot")
-        # shapes here, values by the step itself (_run); the cache view only lends its
-        # shape, dtype and device
-        check_shapes(self.lane, KVCache(self.cache.k[:len(slots)], self.cache.v[:len(slots)]),
-                     inputs)
+        # shapes here, values by the step itself (_run)
+        check_input_shapes(self.lane, inputs, self.cache.k.device)
 
     def _with_defaults(self, inputs: RoundInputs) -> RoundInputs:
         """``inputs`` with a default temperature and seed (zeros) that the runner keeps, so
@@ -243,6 +241,11 @@ class Runner:
             tensors = (static[0], torch.zeros_like(full.num_new), *tensors[2:])
         pairs = [(buffer, tensor) for buffer, tensor in zip(static, tensors)
                  if buffer is not tensor]
+        if all(tensor.is_contiguous() for _, tensor in pairs):
+            # as bytes the inputs share one dtype, which CUDA copies in one multi-tensor
+            # kernel; mixed dtypes take one memcpy each
+            pairs = [(buffer.view(torch.uint8), tensor.view(torch.uint8))
+                     for buffer, tensor in pairs]
         torch._foreach_copy_([buffer for buffer, _ in pairs], [tensor for _, tensor in pairs])
         outputs = self._calls[bucket]()
         host = self._host[bucket]
