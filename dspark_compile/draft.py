@@ -228,22 +228,33 @@ def check_round(lane: LaneConfig, cache: KVCache, inputs: RoundInputs) -> None:
 
 def check_shapes(lane: LaneConfig, cache: KVCache, inputs: RoundInputs) -> None:
     """Types, shapes, dtypes and devices: the half of :func:`check_round` on the host."""
-    features, num_new, anchor, anchor_pos, temperature, seed = inputs.tensors()
+    R = check_input_shapes(lane, inputs, cache.k.device)
+    slots = cache.k.shape[-2]
+    want_cache = (R, lane.num_layers, lane.num_kv_heads, slots, lane.head_dim)
+    for name, t in (("cache.k", cache.k), ("cache.v", cache.v)):
+        _expect(name, t, want_cache, lane.torch_dtype, cache.k.device)
+    if slots < lane.block_rows + 2:
+        raise InputError("cache.k", f"{slots} slots", f">= {lane.block_rows + 2}")
+
+
+def check_input_shapes(lane: LaneConfig, inputs: RoundInputs, device: torch.device) -> int:
+    """The inputs' types, shapes, dtypes and devices (``device``: the cache's); returns
+    their request count."""
+    features = inputs.features
     if not isinstance(features, Tensor) or features.dim() != 3 or features.shape[0] == 0:
         raise InputError("features", f"shape {tuple(getattr(features, 'shape', ()))}",
                          "[R, N, feature_size] with R >= 1")
     R, N = features.shape[:2]
-    device, slots = cache.k.device, cache.k.shape[-2]
-    want_cache = (R, lane.num_layers, lane.num_kv_heads, slots, lane.head_dim)
-    for name, t in (("cache.k", cache.k), ("cache.v", cache.v)):
-        _expect(name, t, want_cache, lane.torch_dtype, device)
-    if slots < lane.block_rows + 2:
-        raise InputError("cache.k", f"{slots} slots", f">= {lane.block_rows + 2}")
     _expect("features", features, (R, N, lane.feature_size), lane.torch_dtype, device)
-    for name, t in (("num_new", num_new), ("anchor", anchor), ("anchor_pos", anchor_pos),
-                    ("seed", seed)):
+    for name, t in (("num_new", inputs.num_new), ("anchor", inputs.anchor),
+                    ("anchor_pos", inputs.anchor_pos)):
         _expect(name, t, (R,), torch.int64, device)
-    _expect("temperature", temperature, (R,), torch.float32, device)
+    # None is the default (zeros): nothing to check, and nothing allocated to check it
+    if inputs.temperature is not None:
+        _expect("temperature", inputs.temperature, (R,), torch.float32, device)
+    if inputs.seed is not None:
+        _expect("seed", inputs.seed, (R,), torch.int64, device)
+    return R
 
 
 def context_capacity(lane: LaneConfig, slots: int) -> int:
@@ -282,6 +293,8 @@ def check_rules(lane: LaneConfig, slots: int, inputs: RoundInputs,
     """Raise the :class:`InputError` of the first rule of :func:`round_rules` that ``inputs``
     broke; ``kept`` may come from a round that holds them plus inert rows. Messages use
     exact values, computed only when a rule is broken."""
+    if all(kept):
+        return
     features, num_new, anchor, anchor_pos, temperature, seed = inputs.tensors()
     N = features.shape[1]
 

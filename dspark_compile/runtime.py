@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
@@ -19,7 +20,7 @@ from dspark_compile.backends import get_backend
 from dspark_compile.checkpoint import load_weights
 from dspark_compile.config import LaneConfig
 from dspark_compile.draft import (RULES, DraftOutput, DraftStep, KVCache, RoundInputs,
-                                  check_rules, check_shapes, round_rules)
+                                  check_input_shapes, check_rules, round_rules)
 from dspark_compile.errors import ArtifactError, InputError, RunnerBusyError
 from dspark_compile.model import Drafter
 
@@ -95,6 +96,7 @@ class Runner:
         self._inputs: dict[int, tuple[Tensor, ...]] = {}
         self._calls: dict[int, Callable[[], tuple[Tensor, ...]]] = {}
         self._host: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
+        self._defaults: dict[int, tuple[Tensor, Tensor]] = {}  # requests -> (T, seed) zeros
         with torch.no_grad():
             for bucket in self.buckets:
                 self._inputs[bucket] = self._inert(bucket)
@@ -186,6 +188,7 @@ class Runner:
         ``slots`` (q, when the artifact has it, stays on the device)."""
         with self._exclusive():
             self._check(inputs, slots)
+            inputs = self._with_defaults(inputs)
             rows = [self._row(s) for s in slots]
             if rows == list(range(self.bucket(len(self._rows)))):
                 full = inputs  # the whole bucket in row order: nothing to lay out
@@ -205,10 +208,23 @@ class Runner:
                 and features.shape[0] != len(slots):
             raise InputError("features", f"{features.shape[0]} rows for {len(slots)} slots",
                              "one row per slot")
-        # shapes here, values by the step itself (_run); the cache view only lends its
-        # shape, dtype and device
-        check_shapes(self.lane, KVCache(self.cache.k[:len(slots)], self.cache.v[:len(slots)]),
-                     inputs)
+        # shapes here, values by the step itself (_run)
+        check_input_shapes(self.lane, inputs, self.cache.k.device)
+
+    def _with_defaults(self, inputs: RoundInputs) -> RoundInputs:
+        """``inputs`` with a default temperature and seed (zeros) that the runner keeps, so
+        that a round allocates and fills nothing for them."""
+        if inputs.temperature is not None and inputs.seed is not None:
+            return inputs
+        rows = inputs.anchor.shape[0]
+        if rows not in self._defaults:
+            self._defaults[rows] = (
+                torch.zeros(rows, dtype=torch.float32, device=self.device),
+                torch.zeros(rows, dtype=torch.long, device=self.device))
+        temperature, seed = self._defaults[rows]
+        return dataclasses.replace(
+            inputs, temperature=temperature if inputs.temperature is None else inputs.temperature,
+            seed=seed if inputs.seed is None else inputs.seed)
 
     def _run(self, full: RoundInputs, inputs: RoundInputs) -> DraftOutput:
         """One bucket-sized round ``full`` that holds the caller's ``inputs``; every output
@@ -225,6 +241,11 @@ class Runner:
             tensors = (static[0], torch.zeros_like(full.num_new), *tensors[2:])
         pairs = [(buffer, tensor) for buffer, tensor in zip(static, tensors)
                  if buffer is not tensor]
+        if all(tensor.is_contiguous() for _, tensor in pairs):
+            # as bytes the inputs share one dtype, which CUDA copies in one multi-tensor
+            # kernel; mixed dtypes take one memcpy each
+            pairs = [(buffer.view(torch.uint8), tensor.view(torch.uint8))
+                     for buffer, tensor in pairs]
         torch._foreach_copy_([buffer for buffer, _ in pairs], [tensor for _, tensor in pairs])
         outputs = self._calls[bucket]()
         host = self._host[bucket]

@@ -219,6 +219,21 @@ def test_a_full_bucket_in_row_order_matches_the_host_path(built_artifact, device
         assert torch.equal(out.confidences.cpu(), ref.confidences[picked.cpu()])
 
 
+def test_a_round_without_temperature_and_seed_drafts_greedily_after_a_sampled_one(
+        built_artifact, device):
+    """Left out, T and the seed are 0 in every round, whatever the round before held."""
+    runner = load_runner(built_artifact("eager", "tiny"), device)
+    slots = [runner.admit() for _ in range(3)]
+    host, host_cache = HostPath(runner.drafter), KVCache.allocate(runner.lane, 3, device)
+    for index, inputs in enumerate(synthetic_rounds(runner.lane, 3, 20, 5, 4, device, 1.0)):
+        if index % 2 == 0:
+            inputs = RoundInputs(*inputs.tensors()[:4])
+        out = runner.draft(inputs, slots)
+        ref = host.draft(host_cache, inputs)
+        assert torch.equal(out.ids.cpu(), ref.ids.cpu())
+        assert torch.equal(out.confidences.cpu(), ref.confidences.cpu())
+
+
 def test_an_inductor_runner_reaches_each_bucket_by_its_shapes(built_artifact, device):
     """The buckets are entries of one compiled function, told apart by Dynamo's guards on
     the step's inputs: after both are warm, rounds go to one, then the other, then back."""
