@@ -55,6 +55,18 @@ def bind(step: Callable, args: tuple[Tensor, ...], capture: bool,
     return replay
 
 
+def copy_into(buffers: Sequence[Tensor], tensors: Sequence[Tensor]) -> None:
+    """Copy each tensor into its buffer of the same shape and dtype (a buffer passed as its
+    own tensor is skipped). Where all are contiguous, as bytes: then they share one dtype,
+    which CUDA copies in one multi-tensor kernel, where mixed dtypes take a memcpy each."""
+    pairs = [(buffer, tensor) for buffer, tensor in zip(buffers, tensors, strict=True)
+             if buffer is not tensor]
+    if all(tensor.is_contiguous() for _, tensor in pairs):
+        pairs = [(buffer.view(torch.uint8), tensor.view(torch.uint8))
+                 for buffer, tensor in pairs]
+    torch._foreach_copy_([buffer for buffer, _ in pairs], [tensor for _, tensor in pairs])
+
+
 class Runner:
     """Drafts with one artifact, for requests that come and go.
 
@@ -239,14 +251,7 @@ class Runner:
             self.drafter.append_context(self.cache.k[:bucket], self.cache.v[:bucket],
                                         *tensors[:2], full.anchor_pos)
             tensors = (static[0], torch.zeros_like(full.num_new), *tensors[2:])
-        pairs = [(buffer, tensor) for buffer, tensor in zip(static, tensors)
-                 if buffer is not tensor]
-        if all(tensor.is_contiguous() for _, tensor in pairs):
-            # as bytes the inputs share one dtype, which CUDA copies in one multi-tensor
-            # kernel; mixed dtypes take one memcpy each
-            pairs = [(buffer.view(torch.uint8), tensor.view(torch.uint8))
-                     for buffer, tensor in pairs]
-        torch._foreach_copy_([buffer for buffer, _ in pairs], [tensor for _, tensor in pairs])
+        copy_into(static, tensors)
         outputs = self._calls[bucket]()
         host = self._host[bucket]
         for buffer, tensor in zip(host, outputs):

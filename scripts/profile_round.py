@@ -23,7 +23,7 @@ from dspark_compile.checkpoint import random_drafter
 from dspark_compile.config import lane_config
 from dspark_compile.draft import RoundInputs
 from dspark_compile.model import Drafter
-from dspark_compile.runtime import load_runner
+from dspark_compile.runtime import copy_into, load_runner
 
 
 def gpu_time(prof: profile) -> tuple[float, float]:
@@ -49,8 +49,8 @@ def profile_backend(drafter: Drafter, backend: str, prompt: RoundInputs, decode:
         "round": lambda: runner.draft(decode, slots),
         "check": lambda: runner._check(decode, slots),
         "replay": lambda: runner._calls[bucket](),
-        "copy_in": lambda: [b.copy_(t) for b, t in zip(runner._inputs[bucket],
-                                                       decode.tensors())],
+        "copy_in": lambda: copy_into(runner._inputs[bucket],
+                                     runner._with_defaults(decode).tensors()),
     }
     with torch.no_grad():
         timed = {name: time_ms(fn, device, args.repeats, warmup=5)

@@ -13,7 +13,7 @@ from dspark_compile.draft import KVCache, RoundInputs
 from dspark_compile.errors import InputError, RunnerBusyError
 from dspark_compile.reference import HostPath
 from dspark_compile.rounds import synthetic_rounds
-from dspark_compile.runtime import Runner, load_runner
+from dspark_compile.runtime import Runner, copy_into, load_runner
 
 FRESH = """
 import sys
@@ -217,6 +217,22 @@ def test_a_full_bucket_in_row_order_matches_the_host_path(built_artifact, device
         ref = host.draft(host_cache, inputs)
         assert torch.equal(out.ids.cpu(), ref.ids[picked.cpu()])
         assert torch.equal(out.confidences.cpu(), ref.confidences[picked.cpu()])
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_copy_into_copies_each_tensor_of_its_own_dtype(device, contiguous):
+    """Contiguous inputs are copied as bytes, others as they are; either way each buffer
+    ends up equal to its tensor, and a buffer passed as its own tensor is left alone."""
+    gen = torch.Generator().manual_seed(0)
+    values = [torch.randn(3, 8, generator=gen).to(torch.bfloat16),
+              torch.randint(-1 << 40, 1 << 40, (3, 2), generator=gen),
+              torch.randn(3, 2, generator=gen)]
+    values = [(v if contiguous else v[:, ::2]).to(device) for v in values]
+    buffers = [torch.zeros(v.shape, dtype=v.dtype, device=device) for v in values]
+    kept = torch.ones(5, device=device)
+    copy_into([*buffers, kept], [*values, kept])
+    assert all(b.dtype == v.dtype and torch.equal(b, v) for b, v in zip(buffers, values))
+    assert torch.equal(kept, torch.ones(5, device=device))
 
 
 def test_a_round_without_temperature_and_seed_drafts_greedily_after_a_sampled_one(
