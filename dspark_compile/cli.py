@@ -16,11 +16,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from dspark_compile.artifacts import build_artifact
-from dspark_compile.checkpoint import load_checkpoint, random_drafter
+from dspark_compile.checkpoint import describe_sources, load_checkpoint, random_drafter
 from dspark_compile.bench import run_bench, write
 from dspark_compile.config import (CONF_DIR, BenchConfig, Config, VerifyConfig,
                                    register_configs)
 from dspark_compile.draft import KVCache, draft
+from dspark_compile.errors import ConfigError
 from dspark_compile.model import Drafter
 from dspark_compile.reference import HostPath
 from dspark_compile.rounds import synthetic_rounds
@@ -33,7 +34,12 @@ T = TypeVar("T")
 
 def build_drafter(cfg: Config | BenchConfig) -> Drafter:
     if cfg.checkpoint:
-        return load_checkpoint(cfg.checkpoint, cfg.lane, cfg.device)
+        drafter = load_checkpoint(cfg.checkpoint, cfg.lane, cfg.device, cfg.verifier)
+        print(f"checkpoint {cfg.checkpoint}: {describe_sources(drafter.sources)}", flush=True)
+        return drafter
+    if cfg.verifier:
+        raise ConfigError(f"verifier={cfg.verifier!r} without a checkpoint: the verifier "
+                          "supplies tensors a speculators checkpoint leaves out")
     return random_drafter(cfg.lane, cfg.device, cfg.seed)
 
 

@@ -37,6 +37,8 @@ class Layout(str, Enum):
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
           "float64": torch.float64}
+ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "relu")  # transformers' names
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass
@@ -51,10 +53,16 @@ class LaneConfig:
     target_vocab_size: int
     draft_vocab_size: int
     k: int  # tokens drafted per round
+    # target layers whose hidden states feed the context, -1 for the embedding output: the
+    # features of a tap t are the target's hidden_states[t + 1]
     target_layer_ids: list[int]
     mask_token_id: int
     rope_theta: float = 1e6
+    # None, or {rope_type: linear | llama3 | yarn, <its parameters>} (model/rope.py)
+    rope_scaling: Optional[dict[str, Any]] = None
     rms_norm_eps: float = 1e-6
+    hidden_act: str = "silu"
+    attention_bias: bool = False  # q/k/v/o projections carry biases
     markov_rank: int = 256
     markov_head: MarkovHead = MarkovHead.vanilla
     # on CUDA, each Markov step as one Triton kernel (dspark_compile/fused_markov.py)
@@ -63,8 +71,12 @@ class LaneConfig:
     flex_attention: bool = False
     confidence_with_markov: bool = True
     layout: Layout = Layout.anchor_first
-    block_causal: bool = False  # causal attention inside the draft block
-    sliding_window: Optional[int] = None  # context keys further back than this are not seen
+    # per layer "full_attention" (all context, the block bidirectional) or
+    # "sliding_attention" (the sliding_window context positions before the anchor, the
+    # block causal when sliding_causal); empty: every layer full_attention
+    layer_types: list[str] = field(default_factory=list)
+    sliding_window: Optional[int] = None
+    sliding_causal: bool = True
     dtype: str = "bfloat16"
     max_context: int = 4096  # largest anchor position a request may reach
     max_batch: int = 64
@@ -73,6 +85,9 @@ class LaneConfig:
         self.markov_head = MarkovHead(self.markov_head)
         self.layout = Layout(self.layout)
         self.target_layer_ids = list(self.target_layer_ids)
+        self.layer_types = list(self.layer_types)
+        if self.rope_scaling is not None:
+            self.rope_scaling = dict(self.rope_scaling)
         # types first: a lane can come from an untrusted config.json or manifest
         def integer(value: Any) -> bool:
             return isinstance(value, int) and not isinstance(value, bool)
@@ -85,13 +100,19 @@ class LaneConfig:
                 raise ConfigError(f"lane {self.name!r}: {name}={value!r}, expected an "
                                   "integer >= 1")
         types = [("mask_token_id", integer(self.mask_token_id), "an integer"),
-                 ("target_layer_ids", all(integer(i) and i >= 0 for i in self.target_layer_ids),
-                  "non-negative integers"),
+                 ("target_layer_ids", all(integer(i) and i >= -1 for i in self.target_layer_ids)
+                  and len(set(self.target_layer_ids)) == len(self.target_layer_ids),
+                  "distinct integers >= -1 (-1: the embedding output)"),
                  ("sliding_window", self.sliding_window is None or integer(self.sliding_window),
                   "an integer or null"),
                  ("rope_theta", _positive_real(self.rope_theta), "a positive number"),
                  ("rms_norm_eps", _positive_real(self.rms_norm_eps), "a positive number"),
-                 ("block_causal", isinstance(self.block_causal, bool), "true or false"),
+                 ("sliding_causal", isinstance(self.sliding_causal, bool), "true or false"),
+                 ("attention_bias", isinstance(self.attention_bias, bool), "true or false"),
+                 ("hidden_act", self.hidden_act in ACTIVATIONS, f"one of {list(ACTIVATIONS)}"),
+                 ("layer_types", all(t in LAYER_TYPES for t in self.layer_types)
+                  and len(self.layer_types) in (0, self.num_layers),
+                  f"one of {list(LAYER_TYPES)} per layer ({self.num_layers}), or []"),
                  ("confidence_with_markov", isinstance(self.confidence_with_markov, bool),
                   "true or false"),
                  ("fused_markov_step", isinstance(self.fused_markov_step, bool),
@@ -111,6 +132,9 @@ class LaneConfig:
              f"[0, {self.target_vocab_size})", self.mask_token_id),
             (len(self.target_layer_ids) >= 1, "target_layer_ids", "at least one layer",
              self.target_layer_ids),
+            ((self.sliding_window is not None) == self.has_sliding_layers, "sliding_window",
+             ">= 1 exactly when layer_types marks a layer sliding_attention",
+             self.sliding_window),
             (self.sliding_window is None or self.sliding_window >= 1, "sliding_window",
              ">= 1 or null", self.sliding_window),
             (not self.fused_markov_step or (self.markov_head is MarkovHead.vanilla
@@ -124,10 +148,21 @@ class LaneConfig:
         for ok, name, allowed, value in checks:
             if not ok:
                 raise ConfigError(f"lane {self.name!r}: {name}={value!r}, expected {allowed}")
+        try:
+            check_rope_scaling(self.rope_scaling)
+        except ConfigError as err:
+            raise ConfigError(f"lane {self.name!r}: {err}") from None
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def has_sliding_layers(self) -> bool:
+        return "sliding_attention" in self.layer_types
+
+    def layer_type(self, layer: int) -> str:
+        return self.layer_types[layer] if self.layer_types else "full_attention"
 
     @property
     def has_d2t(self) -> bool:
@@ -148,6 +183,44 @@ class LaneConfig:
 
     def replace(self, **changes: Any) -> "LaneConfig":
         return dataclasses.replace(self, **changes)
+
+
+# per type: required parameters, optional parameters
+SCALING_TYPES: dict[str, tuple[set[str], set[str]]] = {
+    "linear": ({"factor"}, set()),
+    "llama3": ({"factor", "low_freq_factor", "high_freq_factor",
+                "original_max_position_embeddings"}, set()),
+    "yarn": ({"factor", "original_max_position_embeddings"},
+             {"attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+              "truncate"}),
+}
+
+
+def check_rope_scaling(scaling: Optional[dict[str, Any]]) -> None:
+    """Raise :class:`ConfigError` unless ``scaling`` is one the draft step can run."""
+    if scaling is None:
+        return
+    kind = scaling.get("rope_type")
+    if kind not in SCALING_TYPES:
+        raise ConfigError(f"rope_scaling.rope_type={kind!r}; supported: null (plain RoPE), "
+                          f"{sorted(SCALING_TYPES)} (dynamic and longrope change with the "
+                          "sequence length, which a fixed table cannot)")
+    required, optional = SCALING_TYPES[kind]
+    missing = sorted(required - set(scaling))
+    unknown = sorted(set(scaling) - required - optional - {"rope_type"})
+    if missing or unknown:
+        raise ConfigError(f"rope_scaling ({kind}): missing {missing}, unknown {unknown}; "
+                          f"{kind} takes {sorted(required | optional)}")
+    for name, value in scaling.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if name == "truncate":
+            if not isinstance(value, bool):
+                raise ConfigError(f"rope_scaling.truncate={value!r}, expected true or false")
+        elif name != "rope_type" and not (value is None or number):
+            raise ConfigError(f"rope_scaling.{name}={value!r}, expected a number")
+    if not scaling["factor"] or scaling["factor"] <= 0:
+        raise ConfigError(f"rope_scaling.factor={scaling['factor']!r}, expected a positive "
+                          "number")
 
 
 def _positive_real(value: Any) -> bool:
@@ -171,6 +244,7 @@ class Config:
     backend: BackendConfig = MISSING
     device: str = "cpu"
     checkpoint: Optional[str] = None  # a DeepSpec or speculators directory; else seeded weights
+    verifier: Optional[str] = None  # the target: tensors a speculators checkpoint omits
     buckets: list[int] = field(default_factory=lambda: [1, 4])  # batch sizes compiled
     artifacts_dir: str = "artifacts"
     seed: int = 0
@@ -189,6 +263,7 @@ class BenchConfig:
     context: int = 256  # tokens of context each request has when the timed round runs
     device: str = "cpu"
     checkpoint: Optional[str] = None
+    verifier: Optional[str] = None
     artifacts_dir: str = "artifacts"
     out_dir: str = "bench/results"
     repeats: int = 20

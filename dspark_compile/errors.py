@@ -1,4 +1,4 @@
-"""Typed errors: each names what was wrong and what is allowed (DESIGN.md section 7)."""
+"""Typed errors: each names what was wrong and what is allowed."""
 
 
 class DSparkError(Exception):

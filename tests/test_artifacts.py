@@ -68,7 +68,7 @@ def test_tampered_payload_is_refused(artifact):
 
 
 def test_tampered_manifest_is_refused(artifact):
-    edit_manifest(artifact, lambda m: m["lane"].update(block_causal=True))
+    edit_manifest(artifact, lambda m: m["lane"].update(sliding_causal=False))
     with pytest.raises(ArtifactError, match="does not match its key"):
         load_runner(artifact, "cpu")
 

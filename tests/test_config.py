@@ -39,7 +39,8 @@ def test_design_geometry_of_the_real_lanes():
     assert big.target_layer_ids == [1, 16, 31, 46, 61] and not big.has_d2t
     assert (moe.draft_vocab_size, moe.k, moe.sliding_window, moe.mask_token_id) == (
         32000, 9, 2048, 248077)
-    assert moe.has_d2t and moe.block_causal
+    assert moe.has_d2t and moe.sliding_causal
+    assert moe.layer_types == ["sliding_attention"] * moe.num_layers
 
 
 def test_unknown_key_in_an_override_fails_at_compose_time_naming_it():

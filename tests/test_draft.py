@@ -53,10 +53,12 @@ def test_greedy_rows_of_a_mixed_batch_stay_greedy_and_hot_rows_sample(device):
 
 
 @pytest.mark.parametrize("lane_name", ["tiny", "tiny_d2t"])
-@pytest.mark.parametrize("block_causal,window", [(True, None), (False, 24), (True, 24)])
-def test_masked_attention_variants_match_host_path(both_paths, device, lane_name,
-                                                   block_causal, window):
-    lane = lane_config(lane_name, block_causal=block_causal, sliding_window=window)
+@pytest.mark.parametrize("types,causal", [(["sliding_attention", "full_attention"], True),
+                                          (["sliding_attention"] * 2, False),
+                                          (["full_attention", "sliding_attention"], True)])
+def test_masked_attention_variants_match_host_path(both_paths, device, lane_name, types,
+                                                   causal):
+    lane = lane_config(lane_name, layer_types=types, sliding_window=24, sliding_causal=causal)
     drafter = random_drafter(lane, device, seed=3)
     assert_identical(both_paths(drafter, 3, 60, ROUNDS, seed=5))
 

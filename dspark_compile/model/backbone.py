@@ -9,7 +9,7 @@ slot that swallows padding rows. Every shape is static; per-request lengths are 
 from __future__ import annotations
 
 import functools
-from typing import Callable, Union
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -17,9 +17,16 @@ from torch import Tensor, nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from dspark_compile.config import LaneConfig, Layout
+from dspark_compile.model.masks import Mask, attention_masks
+from dspark_compile.model.rope import rope_tables
 
-FLEX_BLOCK = 128  # keys (and query rows) per block of a FlexAttention block mask
-
+# transformers' ACT2FN names (config.ACTIVATIONS)
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
+    "relu": F.relu,
+}
 
 @functools.cache
 def compiled_flex_attention() -> Callable[..., Tensor]:
@@ -47,21 +54,6 @@ class RMSNorm(nn.Module):
         return self.weight * wide.to(x.dtype)
 
 
-def rope_tables(positions: int, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
-    """NeoX RoPE cos/sin ``[positions, head_dim]`` in float64, computed on the CPU.
-
-    Angles in fp32, as Qwen3 computes them. The draft step gathers rows of these tables
-    instead of evaluating cos/sin itself: compilers evaluate them with other libraries
-    (Triton's cos differed from CUDA's in the last fp32 bit on the H200), and one flipped
-    rounding of a table entry changes every hidden row after it.
-    """
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.float32)
-    inv_freq = 1.0 / (theta ** (exponent / head_dim))
-    angles = torch.arange(positions, dtype=torch.float32)[:, None] * inv_freq
-    angles = torch.cat([angles, angles], dim=-1).double()
-    return angles.cos(), angles.sin()
-
-
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate ``x [R, n, heads, head_dim]``."""
     cos, sin = cos[:, :, None], sin[:, :, None]
@@ -74,10 +66,12 @@ class Attention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             lane.num_heads, lane.num_kv_heads, lane.head_dim)
-        self.q_proj = nn.Linear(lane.hidden_size, lane.num_heads * lane.head_dim, bias=False)
-        self.k_proj = nn.Linear(lane.hidden_size, lane.num_kv_heads * lane.head_dim, bias=False)
-        self.v_proj = nn.Linear(lane.hidden_size, lane.num_kv_heads * lane.head_dim, bias=False)
-        self.o_proj = nn.Linear(lane.num_heads * lane.head_dim, lane.hidden_size, bias=False)
+        q, kv = lane.num_heads * lane.head_dim, lane.num_kv_heads * lane.head_dim
+        bias = lane.attention_bias
+        self.q_proj = nn.Linear(lane.hidden_size, q, bias=bias)
+        self.k_proj = nn.Linear(lane.hidden_size, kv, bias=bias)
+        self.v_proj = nn.Linear(lane.hidden_size, kv, bias=bias)
+        self.o_proj = nn.Linear(q, lane.hidden_size, bias=bias)
         self.q_norm = RMSNorm(lane.head_dim, lane.rms_norm_eps)
         self.k_norm = RMSNorm(lane.head_dim, lane.rms_norm_eps)
 
@@ -88,12 +82,12 @@ class Attention(nn.Module):
         return k, self.v_proj(x).view(shape)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
-                layer: int, block_slots: Tensor, mask: Union[Tensor, BlockMask]) -> Tensor:
+                layer: int, block_slots: Tensor, mask: Mask) -> Tensor:
         """Attend the block rows ``x [R, n, H]`` over this layer's cache rows.
 
         The block's own K/V go to its scratch slots first, so one masked attention covers
-        context and block. ``mask`` (:meth:`Backbone.attention_mask`) is shared by all
-        layers.
+        context and block. ``mask`` (:func:`masks.attention_masks`) is shared by the
+        layers of one type.
         """
         R, n, _ = x.shape
         group = self.num_heads // self.num_kv_heads
@@ -136,9 +130,10 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(lane.hidden_size, lane.intermediate_size, bias=False)
         self.up_proj = nn.Linear(lane.hidden_size, lane.intermediate_size, bias=False)
         self.down_proj = nn.Linear(lane.intermediate_size, lane.hidden_size, bias=False)
+        self.act = ACTIVATIONS[lane.hidden_act]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Layer(nn.Module):
@@ -150,7 +145,7 @@ class Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(lane.hidden_size, lane.rms_norm_eps)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
-                layer: int, block_slots: Tensor, mask: Tensor) -> Tensor:
+                layer: int, block_slots: Tensor, mask: Mask) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, layer,
                                block_slots, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
@@ -177,7 +172,8 @@ class Backbone(nn.Module):
         """(Re)compute the RoPE tables on the weights' device and dtype: call after the
         storage is materialised (``to_empty``, ``load_state_dict(assign=True)``)."""
         lane, weight = self.lane, self.fc.weight
-        cos, sin = rope_tables(self.rope_cos.shape[0], lane.head_dim, lane.rope_theta)
+        cos, sin = rope_tables(self.rope_cos.shape[0], lane.head_dim, lane.rope_theta,
+                               lane.rope_scaling)
         self.rope_cos = cos.to(weight.device, weight.dtype)
         self.rope_sin = sin.to(weight.device, weight.dtype)
 
@@ -205,59 +201,6 @@ class Backbone(nn.Module):
             write_rows(k_cache, i, slots, k)
             write_rows(v_cache, i, slots, v)
 
-    def visible(self, start: Tensor, row: Tensor, key: Tensor) -> Tensor:
-        """Whether block row ``row`` of a block at position ``start`` sees cache slot
-        ``key`` (broadcasting)."""
-        lane = self.lane
-        query = start + row
-        visible = key < start + lane.block_rows                           # context + block
-        if lane.block_causal:
-            visible = visible & ((key < start) | (key <= query))
-        if lane.sliding_window is not None:
-            visible = visible & (query - key < lane.sliding_window)
-        return visible
-
-    def attention_mask(self, anchor_pos: Tensor, slots: int) -> Union[Tensor, BlockMask]:
-        """Which cache slots each of the ``group*rows`` query rows of a kv head sees (row
-        ``g*rows + i`` is block row i): a FlexAttention block mask with ``flex_attention``
-        on CUDA, else ``[R, 1, group*rows, slots]`` bool for SDPA."""
-        lane = self.lane
-        n = lane.block_rows
-        queries = lane.num_heads // lane.num_kv_heads * n
-        if lane.flex_attention and anchor_pos.is_cuda:
-            return self.flex_block_mask(anchor_pos, queries, slots)
-        device = anchor_pos.device
-        key = torch.arange(slots, device=device)[None, None, :]           # [1, 1, S]
-        row = torch.arange(n, device=device)[None, :, None]               # [1, n, 1]
-        visible = self.visible(anchor_pos[:, None, None], row, key).expand(-1, n, -1)
-        return visible.repeat(1, queries // n, 1)[:, None]
-
-    def flex_block_mask(self, anchor_pos: Tensor, queries: int, slots: int) -> BlockMask:
-        """The key blocks each request can see (context and block, inside its window),
-        every one listed as partial, so the kernel applies ``visible`` to all of them.
-
-        Listing fully visible blocks apart would let the decoding kernel split the keys
-        by the cache's length, and the result's last bits would then depend on how many
-        empty slots follow the context (the host path's cache is shorter than a runner's).
-        """
-        lane, n, size = self.lane, self.lane.block_rows, FLEX_BLOCK
-        device = anchor_pos.device
-        lo = torch.zeros_like(anchor_pos)
-        if lane.sliding_window is not None:
-            lo = (anchor_pos - lane.sliding_window + 1).clamp(min=0)
-        first = lo // size
-        count = (anchor_pos + n - 1) // size - first + 1   # anchor_pos + n <= slots - 1
-        blocks, query_blocks = -(-slots // size), -(-queries // size)
-        indices = (first[:, None] + torch.arange(blocks, device=device)).clamp(max=blocks - 1)
-        shape = (anchor_pos.shape[0], 1, query_blocks)
-
-        def mask_mod(b: Tensor, h: Tensor, q: Tensor, key: Tensor) -> Tensor:
-            return self.visible(anchor_pos[b], q % n, key)
-        return BlockMask.from_kv_blocks(
-            count.to(torch.int32)[:, None, None].expand(shape).contiguous(),
-            indices.to(torch.int32)[:, None, None].expand(*shape, blocks).contiguous(),
-            BLOCK_SIZE=size, mask_mod=mask_mod, seq_lengths=(queries, slots))
-
     def forward(self, k_cache: Tensor, v_cache: Tensor, anchor: Tensor, anchor_pos: Tensor
                 ) -> tuple[Tensor, Tensor]:
         """Hidden rows ``h [R, k, H]`` and base logits ``U [R, k, V_draft]`` of the block."""
@@ -269,10 +212,10 @@ class Backbone(nn.Module):
         ids = torch.cat([anchor[:, None], masks], dim=1)
         positions = anchor_pos[:, None] + torch.arange(n, device=anchor.device)
         cos, sin = self.rope(positions)
-        mask = self.attention_mask(anchor_pos, k_cache.shape[3])
+        masks = attention_masks(lane, anchor_pos, k_cache.shape[3])
         x = self.embed_tokens(ids)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, k_cache, v_cache, i, positions, mask)
+            x = layer(x, cos, sin, k_cache, v_cache, i, positions, masks[lane.layer_type(i)])
         h = self.norm(x)
         if lane.layout is Layout.one_plus_k:
             h = h[:, 1:]

@@ -17,6 +17,8 @@ class Drafter(Backbone):
         super().__init__(lane)
         self.markov_head = MarkovHead(lane)
         self.confidence_head = ConfidenceHead(lane)
+        # lane field -> where its value came from, for a drafter read from a checkpoint
+        self.sources: dict[str, str] = {}
         self.d2t: Optional[Tensor]
         if lane.has_d2t:
             self.register_buffer("d2t", torch.zeros(lane.draft_vocab_size, dtype=torch.long))

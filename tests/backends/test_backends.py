@@ -39,7 +39,8 @@ def test_artifact_is_token_identical_in_a_fresh_process(built_artifact, fresh_ve
         assert report["near_ties"] > 0
 
 
-FLEX_LANE = dict(flex_attention=True, block_causal=True, sliding_window=20)
+FLEX_LANE = dict(flex_attention=True, layer_types=["sliding_attention", "full_attention"],
+                 sliding_window=20)
 ON_CUDA_ONLY = "FlexAttention's kernels are used on CUDA only (CPU lanes keep SDPA)"
 
 

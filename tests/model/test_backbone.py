@@ -7,11 +7,16 @@ no GQA trick, its own RoPE. Both run in float64, so they must agree to rounding.
 
 import pytest
 import torch
+from transformers.activations import ACT2FN
 
 from dspark_compile.checkpoint import cast_drafter, random_drafter
 from dspark_compile.config import lane_config
 from dspark_compile.draft import KVCache, markov_loop
+from dspark_compile.model.masks import attention_masks, flex_block_mask
 from dspark_compile.rounds import context_needed, synthetic_rounds
+
+
+SLIDING = {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 20}
 
 
 def rms(x, weight, eps):
@@ -37,28 +42,35 @@ def full_recompute(drafter, context, anchor, s):
     x = sd["embed_tokens.weight"][ids]
     ctx_pos, block_pos = torch.arange(s), torch.arange(s, s + n)
     key_pos = torch.cat([ctx_pos, block_pos])
-    allowed = torch.ones(n, s + n, dtype=torch.bool)
-    if lane.block_causal:
-        allowed[:, s:] = block_pos[None, :] <= block_pos[:, None]
-    if lane.sliding_window is not None:
-        allowed &= block_pos[:, None] - key_pos[None, :] < lane.sliding_window
     group = lane.num_heads // lane.num_kv_heads
+    act = ACT2FN[lane.hidden_act]
+
+    def linear(x, name):  # transformers' Linear: a bias where the checkpoint has one
+        y = x @ sd[name + ".weight"].T
+        return y + sd[name + ".bias"] if name + ".bias" in sd else y
+
     for i in range(lane.num_layers):
         p = f"layers.{i}."
+        # speculators' DFlash mask: a sliding layer sees the window before the anchor
+        allowed = torch.ones(n, s + n, dtype=torch.bool)
+        if lane.layer_types and lane.layer_types[i] == "sliding_attention":
+            allowed[:, :s] = ctx_pos[None, :] >= s - lane.sliding_window
+            if lane.sliding_causal:
+                allowed[:, s:] = block_pos[None, :] <= block_pos[:, None]
         xn = rms(x, sd[p + "input_layernorm.weight"], eps)
-        q = (xn @ sd[p + "self_attn.q_proj.weight"].T).view(n, lane.num_heads, lane.head_dim)
+        q = linear(xn, p + "self_attn.q_proj").view(n, lane.num_heads, lane.head_dim)
         q = rotate(rms(q, sd[p + "self_attn.q_norm.weight"], eps), block_pos, lane.rope_theta)
         rows = torch.cat([ctx, xn])
-        k = (rows @ sd[p + "self_attn.k_proj.weight"].T).view(s + n, lane.num_kv_heads, -1)
+        k = linear(rows, p + "self_attn.k_proj").view(s + n, lane.num_kv_heads, -1)
         k = rotate(rms(k, sd[p + "self_attn.k_norm.weight"], eps), key_pos, lane.rope_theta)
-        v = (rows @ sd[p + "self_attn.v_proj.weight"].T).view(s + n, lane.num_kv_heads, -1)
+        v = linear(rows, p + "self_attn.v_proj").view(s + n, lane.num_kv_heads, -1)
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q, k) * lane.head_dim ** -0.5
         weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
         attn = torch.einsum("hqk,khd->qhd", weights, v).reshape(n, -1)
-        x = x + attn @ sd[p + "self_attn.o_proj.weight"].T
+        x = x + linear(attn, p + "self_attn.o_proj")
         xn = rms(x, sd[p + "post_attention_layernorm.weight"], eps)
-        gate = torch.nn.functional.silu(xn @ sd[p + "mlp.gate_proj.weight"].T)
+        gate = act(xn @ sd[p + "mlp.gate_proj.weight"].T)
         x = x + (gate * (xn @ sd[p + "mlp.up_proj.weight"].T)) @ sd[p + "mlp.down_proj.weight"].T
     h = rms(x, sd["norm.weight"], eps)[n - lane.k:]
     return h, h @ sd["lm_head.weight"].T
@@ -89,7 +101,10 @@ def cached_and_recomputed(lane, device):
 @pytest.mark.parametrize("lane_name,changes", [
     ("tiny", {}),
     ("tiny_d2t", {"layout": "one_plus_k", "markov_head": "rnn"}),
-    ("tiny", {"block_causal": True, "sliding_window": 20, "markov_head": "gated"}),
+    ("tiny", {**SLIDING, "markov_head": "gated"}),
+    ("tiny", {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 7,
+              "sliding_causal": False, "attention_bias": True, "hidden_act": "gelu_pytorch_tanh"}),
+    ("tiny_d2t", {"hidden_act": "gelu", "attention_bias": True}),
 ])
 def test_cached_draft_step_matches_full_recompute(lane_name, changes):
     lane = lane_config(lane_name, dtype="float64", **changes)
@@ -103,7 +118,7 @@ def test_cached_draft_step_matches_full_recompute(lane_name, changes):
         assert torch.equal(cached_ids, ids)
 
 
-@pytest.mark.parametrize("changes", [{}, {"block_causal": True, "sliding_window": 20}])
+@pytest.mark.parametrize("changes", [{}, SLIDING])
 def test_flex_attention_matches_full_recompute(device, changes):
     """FlexAttention has no float64 kernel: float32 against the float64 oracle. A key
     the block mask wrongly hides or shows moves h by far more than the tolerance."""
@@ -119,25 +134,26 @@ def test_flex_attention_is_a_cuda_option(device):
     """Off CUDA a flex lane drafts with SDPA: the same ids as the lane without it."""
     if device.type == "cuda":
         pytest.skip("on CUDA the flex lane runs FlexAttention (the test above)")
-    lane = lane_config("tiny", block_causal=True, sliding_window=20)
+    lane = lane_config("tiny", **SLIDING)
     inputs = next(iter(synthetic_rounds(lane, 3, 30, 1, seed=2, device="cpu")))
-    masks = [random_drafter(lane.replace(flex_attention=flex)).attention_mask(
-        inputs.anchor_pos, 40) for flex in (False, True)]
-    assert all(isinstance(mask, torch.Tensor) for mask in masks)
-    assert torch.equal(*masks)
+    masks = [attention_masks(lane.replace(flex_attention=flex), inputs.anchor_pos, 40)
+             for flex in (False, True)]
+    assert masks[0].keys() == masks[1].keys() == {"full_attention", "sliding_attention"}
+    for kind, mask in masks[0].items():
+        assert isinstance(mask, torch.Tensor) and torch.equal(mask, masks[1][kind])
 
 
-@pytest.mark.parametrize("changes", [{}, {"block_causal": True, "sliding_window": 300}])
-def test_the_flex_block_mask_lists_every_block_with_a_visible_key(changes):
+@pytest.mark.parametrize("sliding,causal", [(False, True), (True, True), (True, False)])
+def test_the_flex_block_mask_lists_every_block_with_a_visible_key(sliding, causal):
     """Against FlexAttention's own reduction of the dense mask (``create_block_mask``,
     which lists fully visible blocks apart from partial ones)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    lane = lane_config("tiny", **changes)
-    drafter = random_drafter(lane, "cpu", seed=0)
+    lane = lane_config("tiny", layer_types=["sliding_attention"] * 2, sliding_window=300,
+                       sliding_causal=causal)
     slots, queries = 1000, 2 * lane.block_rows
     anchor_pos = torch.tensor([0, 5, 122, 123, 127, 128, 500, 900, slots - lane.block_rows - 1])
-    mask = drafter.flex_block_mask(anchor_pos, queries, slots)
+    mask = flex_block_mask(lane, sliding, anchor_pos, queries, slots)
     reference = create_block_mask(mask.mask_mod, len(anchor_pos), None, queries, slots, "cpu")
     for b in range(len(anchor_pos)):
         listed = mask.kv_indices[b, 0, 0, :mask.kv_num_blocks[b, 0, 0]].tolist()

@@ -21,7 +21,7 @@ def assert_same_weights(a, b):
 
 
 def deepspec_keys(layers, head="vanilla"):
-    """The DeepSpec-native key list of DESIGN.md section 5, written out independently."""
+    """The DeepSpec-native key list (Qwen3DSparkModel's state dict), written out by hand."""
     keys = {"embed_tokens.weight", "fc.weight", "hidden_norm.weight", "norm.weight",
             "lm_head.weight", "markov_head.markov_w1.weight", "markov_head.markov_w2.weight",
             "confidence_head.proj.weight", "confidence_head.proj.bias"}
@@ -54,7 +54,8 @@ def test_deepspec_round_trip_and_key_layout(tmp_path, head):
 
 
 def test_speculators_round_trip_keeps_d2t(tmp_path):
-    lane = lane_config("tiny_d2t", layout="one_plus_k", block_causal=True, sliding_window=32)
+    lane = lane_config("tiny_d2t", layout="one_plus_k", sliding_window=32,
+                       layer_types=["full_attention", "sliding_attention"])
     drafter = random_drafter(lane, "cpu", seed=6)
     save_checkpoint(drafter, tmp_path, Format.speculators)
     config = json.loads((tmp_path / CONFIG).read_text())
