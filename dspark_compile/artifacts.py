@@ -179,7 +179,11 @@ def build_or_reuse(key: ArtifactKey, root: Path,
         _remove_stale_temporaries(final)
         if final.exists():
             try:
-                read_manifest(final, key.env)
+                found = read_manifest(final, key.env)
+                if found["key"] != key.digest():
+                    raise ArtifactError(
+                        f"its manifest is of another key (lane {found['lane'].get('name')!r}, "
+                        f"backend {found['backend']!r}, buckets {found['buckets']})")
                 return final, False
             except ArtifactError as err:
                 print(f"rebuilding {final}: {err}", file=sys.stderr)
@@ -204,8 +208,12 @@ def build_or_reuse(key: ArtifactKey, root: Path,
 
 
 def save_weights(tensors: dict[str, torch.Tensor], directory: Path) -> None:
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
-              str(directory / WEIGHTS))
+    path = directory / WEIGHTS
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path))
+    # safetensors writes 0600; a shared artifacts_dir needs the umask's mode
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
 
 
 def read_manifest(directory: Path, env: dict[str, Any]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -165,15 +165,24 @@ def run_bench(drafter: Drafter, backends: list[str], buckets: list[int], context
         paths = {"host": lambda: host.draft(host_cache, decode)}
         draft(drafter, eager_cache, prompt)
         paths["device (eager)"] = lambda: draft(drafter, eager_cache, decode)
+        expected = {}  # paths whose backend forces another dtype: their own host path
         for backend, (_, runner) in runners.items():
+            own_prompt, own_decode = prompt, decode
+            if runner.lane.dtype != lane.dtype:
+                own_prompt, own_decode = (replace(r, features=r.features.to(
+                    runner.lane.torch_dtype)) for r in (prompt, decode))
+                own_cache = KVCache.allocate(runner.lane, batch, device, context + lane.k + 1)
+                HostPath(runner.drafter).draft(own_cache, own_prompt)
+                expected[f"runtime ({backend})"] = HostPath(runner.drafter).draft(
+                    own_cache, own_decode).ids
             slots = [runner.admit() for _ in range(batch)]
-            runner.draft(prompt, slots)
+            runner.draft(own_prompt, slots)
             paths[f"runtime ({backend})"] = (
-                lambda runner=runner, slots=slots: runner.draft(decode, slots))
+                lambda runner=runner, slots=slots, d=own_decode: runner.draft(d, slots))
         for name, fn in paths.items():
             ms = time_ms(fn, device, repeats, warmup)
             out = fn()
-            identical = torch.equal(out.ids.cpu(), reference.ids)
+            identical = torch.equal(out.ids.cpu(), expected.get(name, reference.ids))
             d2h = reference.transfers.d2h_bytes if name == "host" else batch * lane.k * 12
             graphs, kernels = launches(fn, device)  # after timing: the profiler costs time
             rows.append(dict(lane=lane.name, batch=batch, path=name, ms=significant(ms),

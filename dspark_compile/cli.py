@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -13,15 +14,16 @@ from typing import Callable, TypeVar
 
 import hydra
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from dspark_compile.artifacts import build_artifact
 from dspark_compile.checkpoint import describe_sources, load_checkpoint, random_drafter
 from dspark_compile.bench import run_bench, write
-from dspark_compile.config import (CONF_DIR, BenchConfig, Config, VerifyConfig,
-                                   register_configs)
+from dspark_compile.commands import (BenchConfig, Config, VerifyConfig, register_configs,
+                                     to_config)
+from dspark_compile.config import CONF_DIR
 from dspark_compile.draft import KVCache, draft
-from dspark_compile.errors import ConfigError
+from dspark_compile.errors import DSparkError
 from dspark_compile.model import Drafter
 from dspark_compile.reference import HostPath
 from dspark_compile.rounds import synthetic_rounds
@@ -37,9 +39,6 @@ def build_drafter(cfg: Config | BenchConfig) -> Drafter:
         drafter = load_checkpoint(cfg.checkpoint, cfg.lane, cfg.device, cfg.verifier)
         print(f"checkpoint {cfg.checkpoint}: {describe_sources(drafter.sources)}", flush=True)
         return drafter
-    if cfg.verifier:
-        raise ConfigError(f"verifier={cfg.verifier!r} without a checkpoint: the verifier "
-                          "supplies tensors a speculators checkpoint leaves out")
     return random_drafter(cfg.lane, cfg.device, cfg.seed)
 
 
@@ -94,9 +93,34 @@ def print_table(rows: list[dict[str, object]]) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+def command(name: str, config_name: str
+            ) -> Callable[[Callable[[DictConfig], None]], Callable[[], None]]:
+    """A Hydra entry point whose typed errors end the process with status 2 and one line,
+    ``<name>: <ErrorType>: <message>``; ``--debug`` (or ``HYDRA_FULL_ERROR=1``) shows the
+    traceback instead."""
+    def wrap(body: Callable[[DictConfig], None]) -> Callable[[], None]:
+        @hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")
+        def task(cfg: DictConfig) -> None:
+            try:
+                body(cfg)
+            except DSparkError as err:
+                if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                    raise
+                print(f"{name}: {type(err).__name__}: {err}", file=sys.stderr)
+                raise SystemExit(2) from None
+
+        def main() -> None:
+            if "--debug" in sys.argv:
+                sys.argv.remove("--debug")
+                os.environ["HYDRA_FULL_ERROR"] = "1"
+            task()
+        return main
+    return wrap
+
+
+@command("dspark-compile", "config")
 def compile_main(cfg: DictConfig) -> None:
-    config: Config = OmegaConf.to_object(cfg)
+    config: Config = to_config(cfg)
     backend, buckets = config.backend.name, config.buckets
     print(f"lane {config.lane.name}, backend {backend}, buckets {buckets}, "
           f"device {config.device}", flush=True)
@@ -120,19 +144,24 @@ def compile_main(cfg: DictConfig) -> None:
     print(path)
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="verify", version_base="1.3")
+@command("dspark-verify", "verify")
 def verify_main(cfg: DictConfig) -> None:
-    config: VerifyConfig = OmegaConf.to_object(cfg)
-    report = verify_artifact(config.artifact, config.device, config.rounds, config.context,
-                             config.seed, config.temperature)
+    """One JSON line, also when the artifact cannot be checked (then with its error)."""
+    try:
+        config: VerifyConfig = to_config(cfg)
+        report = verify_artifact(config.artifact, config.device, config.rounds,
+                                 config.context, config.seed, config.temperature)
+    except DSparkError as err:
+        print(json.dumps({"identical": False, "error": f"{type(err).__name__}: {err}"}))
+        raise
     print(json.dumps(report))
     if not report["identical"]:
         raise SystemExit(1)
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="bench", version_base="1.3")
+@command("dspark-bench", "bench")
 def bench_main(cfg: DictConfig) -> None:
-    bench(OmegaConf.to_object(cfg))
+    bench(to_config(cfg))
 
 
 def bench(config: BenchConfig) -> Path:
@@ -154,8 +183,8 @@ def bench(config: BenchConfig) -> Path:
     return json_path
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="sweep", version_base="1.3")
+@command("dspark-sweep", "sweep")
 def sweep_main(cfg: DictConfig) -> None:
     from dspark_compile.sweep import run_job
 
-    run_job(OmegaConf.to_object(cfg))
+    run_job(to_config(cfg))

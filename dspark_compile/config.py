@@ -1,9 +1,9 @@
-"""Dataclass schemas for lanes and runs.
+"""The lane schema.
 
 A *lane* is a drafter geometry (plus the knobs that change its arithmetic). Lanes live as
-YAML under ``conf/lane/``; Hydra merges them into these schemas, so a wrong type or an
-unknown key fails at compose time. The runtime reads lanes from artifact manifests and
-never imports Hydra: only :func:`register_configs` touches it.
+YAML under ``conf/lane/``; Hydra merges them into this schema (commands.py holds the
+commands' own schemas), so a wrong type or an unknown key fails at compose time. The
+runtime reads lanes from artifact manifests and never imports Hydra.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from omegaconf import MISSING, OmegaConf
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from dspark_compile.errors import ConfigError
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
 class MarkovHead(str, Enum):
@@ -231,73 +232,30 @@ def _plain(value: Any) -> Any:
     return value.value if isinstance(value, Enum) else value
 
 
-@dataclass
-class BackendConfig:
-    name: str = "eager"
-
-
-@dataclass
-class Config:
-    """One run of ``dspark-compile``: a lane, a backend, and what to check it on."""
-
-    lane: LaneConfig = MISSING
-    backend: BackendConfig = MISSING
-    device: str = "cpu"
-    checkpoint: Optional[str] = None  # a DeepSpec or speculators directory; else seeded weights
-    verifier: Optional[str] = None  # the target: tensors a speculators checkpoint omits
-    buckets: list[int] = field(default_factory=lambda: [1, 4])  # batch sizes compiled
-    artifacts_dir: str = "artifacts"
-    seed: int = 0
-    batch: int = 3
-    context: int = 64  # prompt length of the first round
-    rounds: int = 4
-
-
-@dataclass
-class BenchConfig:
-    """One run of ``dspark-bench``: paths timed side by side at each batch bucket."""
-
-    lane: LaneConfig = MISSING
-    backends: list[str] = field(default_factory=lambda: ["eager"])
-    buckets: list[int] = field(default_factory=lambda: [1, 4])
-    context: int = 256  # tokens of context each request has when the timed round runs
-    device: str = "cpu"
-    checkpoint: Optional[str] = None
-    verifier: Optional[str] = None
-    artifacts_dir: str = "artifacts"
-    out_dir: str = "bench/results"
-    repeats: int = 20
-    warmup: int = 3
-    seed: int = 0
-
-
-@dataclass
-class VerifyConfig:
-    """One run of ``dspark-verify``: an artifact and the seeded rounds to check it on."""
-
-    artifact: str = MISSING
-    device: str = "cpu"
-    rounds: int = 4
-    context: int = 24
-    seed: int = 0
-    temperature: float = 0.0  # > 0: half the rows sample at this temperature
-
-
 def lane_config(name: str, **overrides: Any) -> LaneConfig:
     """The lane ``conf/lane/<name>.yaml`` as a :class:`LaneConfig`, without Hydra."""
     path = CONF_DIR / "lane" / f"{name}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in (CONF_DIR / "lane").glob("*.yaml"))
         raise ConfigError(f"unknown lane {name!r}; known lanes: {known}")
-    node = OmegaConf.merge(OmegaConf.structured(LaneConfig), OmegaConf.load(path), overrides)
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(LaneConfig), OmegaConf.load(path),
+                               overrides)
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"lane {name!r}: {err.msg if hasattr(err, 'msg') else err}") from None
     return OmegaConf.to_object(node)
 
 
-def register_configs() -> None:
-    """Register the schemas with Hydra's ConfigStore (the YAML under conf/ merges into them)."""
-    from hydra.core.config_store import ConfigStore
-
-    cs = ConfigStore.instance()
-    cs.store(name="schema", node=Config)
-    cs.store(name="verify_schema", node=VerifyConfig)
-    cs.store(name="bench_schema", node=BenchConfig)
+def check_device(device: torch.device | str) -> torch.device:
+    """``device`` as a torch device this process can run on, else :class:`ConfigError`."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device={device!r}; allowed: cpu, cuda, cuda:<index>")
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        why = "is a CPU-only build" if torch.version.cuda is None else "sees no GPU"
+        raise ConfigError(f"device={device!r}: this torch ({torch.__version__}) {why}; "
+                          "allowed here: cpu")
+    return parsed

@@ -18,7 +18,7 @@ from torch import Tensor
 from dspark_compile.artifacts import WEIGHTS, environment, read_manifest
 from dspark_compile.backends import get_backend
 from dspark_compile.checkpoint import load_weights
-from dspark_compile.config import LaneConfig
+from dspark_compile.config import LaneConfig, check_device
 from dspark_compile.draft import (RULES, DraftOutput, DraftStep, KVCache, RoundInputs,
                                   check_input_shapes, check_rules, round_rules)
 from dspark_compile.errors import ArtifactError, InputError, RunnerBusyError
@@ -268,7 +268,7 @@ def load_runner(artifact_dir: str | Path, device: torch.device | str = "cpu") ->
     """Load an artifact built by ``dspark-compile``. Refuses, with an
     :class:`~dspark_compile.errors.ArtifactError` naming what differs, an artifact from
     another environment or whose files fail their sha256."""
-    device = torch.device(device)
+    device = check_device(device)
     directory = Path(artifact_dir)
     manifest = read_manifest(directory, environment(device))
     try:

@@ -19,7 +19,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from dspark_compile.artifacts import locked
-from dspark_compile.config import BenchConfig
+from dspark_compile.commands import BenchConfig
 
 TABLE = "results"
 COLUMNS = ["job", "status", "error", "lane", "context", "batch", "path", "ms", "vs_host",

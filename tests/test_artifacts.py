@@ -1,5 +1,7 @@
 import json
+import os
 import re
+import stat
 import shutil
 import subprocess
 import sys
@@ -51,6 +53,32 @@ def test_second_build_of_a_key_is_a_cache_hit(artifact, tmp_path):
     path, built = build_artifact(drafter, "eager", [2, 1], tmp_path / "root")
     assert (path, built) == (artifact, False)
     assert (artifact / MANIFEST).read_text() == before
+
+
+def test_an_artifact_of_another_key_in_this_keys_place_is_rebuilt(artifact, tmp_path):
+    """Copied or renamed into the wrong directory, an artifact passes its own checks: the
+    lookup also compares the manifest's key with the key asked for."""
+    other = build_artifact(random_drafter(lane_config("tiny_d2t"), "cpu", seed=0), "eager",
+                           [1, 2], tmp_path / "root")[0]
+    shutil.rmtree(artifact)
+    shutil.copytree(other, artifact)
+    drafter = random_drafter(lane_config("tiny"), "cpu", seed=0)
+    path, built = build_artifact(drafter, "eager", [1, 2], tmp_path / "root")
+    assert (path, built) == (artifact, True)
+    assert json.loads((artifact / MANIFEST).read_text())["lane"]["name"] == "tiny"
+
+
+def test_artifact_files_follow_the_umask(tmp_path):
+    """A shared artifacts_dir: every file, the weights too (safetensors writes 0600), is
+    readable by whoever the umask lets read it."""
+    old = os.umask(0o022)
+    try:
+        path = build_artifact(random_drafter(lane_config("tiny"), "cpu"), "eager", [1],
+                              tmp_path)[0]
+    finally:
+        os.umask(old)
+    for name in (WEIGHTS, MANIFEST):
+        assert stat.S_IMODE((path / name).stat().st_mode) == 0o644, name
 
 
 def test_other_weights_make_another_key(artifact, tmp_path):

@@ -50,3 +50,14 @@ def test_bench_command_prints_the_table_and_the_files(tmp_path):
     lines = result.stdout.splitlines()
     assert lines[-2:] == [str(tmp_path / f"bench_tiny_cpu.{ext}") for ext in ("json", "png")]
     assert any(line.split()[:3] == ["tiny", "1", "host"] for line in lines)
+
+
+def test_bench_runs_a_backend_that_forces_its_own_dtype(tmp_path):
+    """onnx runs an fp32 copy: it gets fp32 inputs and is checked against that copy's host
+    path (the bf16 host path's ids are another model's)."""
+    pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
+    drafter = random_drafter(lane_config("tiny"), "cpu", seed=0)
+    result = run_bench(drafter, ["onnx"], [1], context=16, artifacts_dir=tmp_path / "a",
+                       repeats=1, warmup=0, seed=0)
+    row = next(r for r in result["rows"] if r["path"] == "runtime (onnx)")
+    assert row["identical"] is True and row["ms"] > 0

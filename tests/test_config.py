@@ -6,7 +6,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
-from dspark_compile.config import CONF_DIR, Config, LaneConfig, lane_config, register_configs
+from dspark_compile.commands import Config, register_configs
+from dspark_compile.config import CONF_DIR, LaneConfig, lane_config
 from dspark_compile.errors import ConfigError
 
 LANES = ["tiny", "tiny_d2t", "qwen36_27b", "qwen36_35b_a3b"]

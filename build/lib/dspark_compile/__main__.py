@@ -1,0 +1,3 @@
+from dspark_compile.cli import compile_main
+
+compile_main()

@@ -1,0 +1,51 @@
+"""AOTInductor: ``torch.export`` + ``aoti_compile_and_package`` per bucket. The weights stay
+out of the ``.pt2`` (the artifact's safetensors feed ``load_constants``), so three buckets
+of a 27B-class drafter do not carry three copies of 8.8 GB."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch._inductor
+from torch import Tensor
+
+from dspark_compile.draft import DraftStep
+
+INDUCTOR_CONFIGS = {
+    "aot_inductor.package_constants_in_so": False,
+    "emulate_precision_casts": True,  # round bf16 intermediates as eager does
+}
+if sys.platform == "linux":
+    # Link the process's libstdc++ by name: a GCC built to link it statically (the H200
+    # image's /opt/gcc) gives wrapper.so a private copy whose std::locale is never set up,
+    # and creating the model then crashes in std::regex (bench/results/issue3_h200/).
+    INDUCTOR_CONFIGS["aot_inductor.custom_op_libs"] = [":libstdc++.so.6"]
+
+
+def _package(out_dir: Path, bucket: int) -> Path:
+    return out_dir / f"bucket{bucket}.pt2"
+
+
+def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
+    for bucket, example in examples.items():
+        with torch.no_grad():
+            program = torch.export.export(step, example, strict=False)
+        torch._inductor.aoti_compile_and_package(
+            program, package_path=str(_package(out_dir, bucket)),
+            inductor_configs=INDUCTOR_CONFIGS)
+
+
+def load(out_dir: Path, step: DraftStep, buckets: list[int]) -> dict[int, Callable]:
+    weights = {**dict(step.named_parameters()), **dict(step.named_buffers())}
+    runners = {}
+    for bucket in buckets:
+        # single-threaded runner: no internal stream syncs, so it can sit in a CUDA graph
+        runner = torch._inductor.aoti_load_package(str(_package(out_dir, bucket)),
+                                                   run_single_threaded=True)
+        runner.load_constants({name: weights[name] for name in runner.get_constant_fqns()},
+                              check_full_update=True, user_managed=True)
+        runners[bucket] = runner
+    return runners

@@ -1,0 +1,58 @@
+"""``torch.compile`` with reduce-overhead's options per bucket; the compiled kernels travel as
+Inductor's cache artifacts, so a fresh process skips Inductor and Triton code generation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch._inductor
+from torch import Tensor
+
+from dspark_compile.draft import DraftStep
+
+PAYLOAD = "inductor_cache.bin"
+OWN_CUDA_GRAPH = True  # reduce-overhead records and replays its own graph
+
+
+def _compiled(step: DraftStep) -> Callable:
+    # mode="reduce-overhead" as its options (torch.compile takes a mode or options, not
+    # both), plus:
+    # - emulate_precision_casts: round every bf16 intermediate as eager does; without it
+    #   fused kernels keep fp32 intermediates and the KV cache drifts from the eager
+    #   path's bits. Set for this compile only: set process-wide, it would also change
+    #   the bits of the host path's FlexAttention compiled after it.
+    # - a guard filter: Dynamo guards every parameter and module attribute of the drafter
+    #   on each call; the runtime never replaces them after loading, so only the guards
+    #   on the step's inputs are kept (shapes pick the bucket's entry).
+    options = {**torch._inductor.list_mode_options("reduce-overhead"),
+               "emulate_precision_casts": True,
+               "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+    compiled = torch.compile(step, options=options, fullgraph=True, dynamic=False)
+
+    def call(*inputs: Tensor) -> tuple[Tensor, ...]:
+        # The step writes the KV cache in place, and reduce-overhead graphs a function
+        # that mutates its inputs only when they are static (otherwise it skips the CUDA
+        # graph: "mutated inputs"). The runtime passes the same buffers every round.
+        for tensor in inputs:
+            torch._dynamo.mark_static_address(tensor)
+        return compiled(*inputs)
+    return call
+
+
+def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
+    compiled = _compiled(step)
+    with torch.no_grad():
+        for example in examples.values():
+            compiled(*example)
+    saved = torch.compiler.save_cache_artifacts()
+    if saved is None:
+        raise RuntimeError("Inductor produced no cache artifacts to save")
+    (out_dir / PAYLOAD).write_bytes(saved[0])
+
+
+def load(out_dir: Path, step: DraftStep, buckets: list[int]) -> dict[int, Callable]:
+    torch.compiler.load_cache_artifacts((out_dir / PAYLOAD).read_bytes())
+    compiled = _compiled(step)  # recompiles per bucket shape, each from the cache
+    return {bucket: compiled for bucket in buckets}

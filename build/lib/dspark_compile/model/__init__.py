@@ -1,0 +1,3 @@
+from dspark_compile.model.drafter import Drafter
+
+__all__ = ["Drafter"]

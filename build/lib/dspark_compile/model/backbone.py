@@ -1,0 +1,222 @@
+"""The parallel backbone: Qwen3 layers whose keys and values also see the target's features.
+
+Context K/V live in static per-request buffers ``[R, layers, kv_heads, slots, head_dim]``
+where slot = position. Behind the context sit ``block_rows`` scratch slots for the block's
+own K/V (the next append overwrites them; they are never read as context) and one trash
+slot that swallows padding rows. Every shape is static; per-request lengths are tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+from dspark_compile.config import LaneConfig, Layout
+from dspark_compile.model.masks import Mask, attention_masks
+from dspark_compile.model.rope import rope_tables
+
+# transformers' ACT2FN names (config.ACTIVATIONS)
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
+    "relu": F.relu,
+}
+
+@functools.cache
+def compiled_flex_attention() -> Callable[..., Tensor]:
+    """FlexAttention is fast only compiled: eager callers go through this compile of it,
+    and a step that is being compiled or exported lowers the same op itself. Made on first
+    use: ``torch.compile`` takes seconds to import. Its rounding is that of the compiled
+    backends' own lowering (``emulate_precision_casts``), fixed here so that no flag set
+    elsewhere in the process changes the host path's bits (on CUDA it did)."""
+    return torch.compile(flex_attention, dynamic=False,
+                         options={"emulate_precision_casts": True})
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Qwen3 normalises in fp32, rounds, then scales in the model dtype. We normalise in
+        # fp64: the rounded result is then the same whatever order a compiler sums the
+        # squares in (an fp32 sum in another order flips bf16 roundings, seen on CUDA).
+        wide = x.to(torch.float64)
+        wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * wide.to(x.dtype)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate ``x [R, n, heads, head_dim]``."""
+    cos, sin = cos[:, :, None], sin[:, :, None]
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, lane: LaneConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            lane.num_heads, lane.num_kv_heads, lane.head_dim)
+        q, kv = lane.num_heads * lane.head_dim, lane.num_kv_heads * lane.head_dim
+        bias = lane.attention_bias
+        self.q_proj = nn.Linear(lane.hidden_size, q, bias=bias)
+        self.k_proj = nn.Linear(lane.hidden_size, kv, bias=bias)
+        self.v_proj = nn.Linear(lane.hidden_size, kv, bias=bias)
+        self.o_proj = nn.Linear(q, lane.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(lane.head_dim, lane.rms_norm_eps)
+        self.k_norm = RMSNorm(lane.head_dim, lane.rms_norm_eps)
+
+    def keys_values(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """K (normed, rotated) and V ``[R, n, kv_heads, head_dim]`` of rows ``x [R, n, H]``."""
+        shape = (*x.shape[:2], self.num_kv_heads, self.head_dim)
+        k = apply_rope(self.k_norm(self.k_proj(x).view(shape)), cos, sin)
+        return k, self.v_proj(x).view(shape)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                layer: int, block_slots: Tensor, mask: Mask) -> Tensor:
+        """Attend the block rows ``x [R, n, H]`` over this layer's cache rows.
+
+        The block's own K/V go to its scratch slots first, so one masked attention covers
+        context and block. ``mask`` (:func:`masks.attention_masks`) is shared by the
+        layers of one type.
+        """
+        R, n, _ = x.shape
+        group = self.num_heads // self.num_kv_heads
+        k, v = self.keys_values(x, cos, sin)
+        write_rows(k_cache, layer, block_slots, k)
+        write_rows(v_cache, layer, block_slots, v)
+        q = self.q_norm(self.q_proj(x).view(R, n, self.num_heads, self.head_dim))
+        q = apply_rope(q, cos, sin)
+        # GQA without copying K/V: the `group` query heads of one kv head become extra rows
+        q = q.view(R, n, self.num_kv_heads, group, self.head_dim).permute(0, 2, 3, 1, 4)
+        q = q.reshape(R, self.num_kv_heads, group * n, self.head_dim)
+        k, v, scale = k_cache[:, layer], v_cache[:, layer], self.head_dim ** -0.5
+        if isinstance(mask, BlockMask):
+            flex = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()
+            # a program takes BLOCK_M query rows x head_dim fp32 accumulators; Inductor's
+            # default (every query row in one program) spills at head_dim 256
+            rows = 1 << (q.shape[2] - 1).bit_length()
+            block_m = max(16, min(rows, 4096 // self.head_dim))
+            out = flex(q, k, v, block_mask=mask, scale=scale, kernel_options={"BLOCK_M": block_m})
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        out = out.view(R, self.num_kv_heads, group, n, self.head_dim).permute(0, 3, 1, 2, 4)
+        return self.o_proj(out.reshape(R, n, self.num_heads * self.head_dim))
+
+
+def write_rows(cache: Tensor, layer: int, slots: Tensor, rows: Tensor) -> None:
+    """``cache[r, layer, :, slots[r, i]] = rows[r, i]`` for a cache ``[R, layers, kv_heads,
+    slots, D]``.
+
+    One ``index_put_`` on the whole cache, never on a view of it: a compiler then writes
+    the rows in place, where a write through a view made Inductor copy the whole cache.
+    """
+    batch = torch.arange(cache.shape[0], device=cache.device)[:, None].expand_as(slots)
+    cache[batch, torch.full_like(slots, layer), :, slots] = rows
+
+
+class MLP(nn.Module):
+    def __init__(self, lane: LaneConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(lane.hidden_size, lane.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(lane.hidden_size, lane.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(lane.intermediate_size, lane.hidden_size, bias=False)
+        self.act = ACTIVATIONS[lane.hidden_act]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, lane: LaneConfig):
+        super().__init__()
+        self.self_attn = Attention(lane)
+        self.mlp = MLP(lane)
+        self.input_layernorm = RMSNorm(lane.hidden_size, lane.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(lane.hidden_size, lane.rms_norm_eps)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                layer: int, block_slots: Tensor, mask: Mask) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, layer,
+                               block_slots, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """Context append plus one parallel forward of the draft block."""
+
+    def __init__(self, lane: LaneConfig):
+        super().__init__()
+        self.lane = lane
+        self.embed_tokens = nn.Embedding(lane.target_vocab_size, lane.hidden_size)
+        self.fc = nn.Linear(lane.feature_size, lane.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(lane.hidden_size, lane.rms_norm_eps)
+        self.layers = nn.ModuleList(Layer(lane) for _ in range(lane.num_layers))
+        self.norm = RMSNorm(lane.hidden_size, lane.rms_norm_eps)
+        self.lm_head = nn.Linear(lane.hidden_size, lane.draft_vocab_size, bias=False)
+        # every position a cache slot can hold; derived from the lane, so not in checkpoints
+        positions = lane.max_context + lane.block_rows + 1
+        self.register_buffer("rope_cos", torch.empty(positions, lane.head_dim), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(positions, lane.head_dim), persistent=False)
+
+    def fill_rope_tables(self) -> None:
+        """(Re)compute the RoPE tables on the weights' device and dtype: call after the
+        storage is materialised (``to_empty``, ``load_state_dict(assign=True)``)."""
+        lane, weight = self.lane, self.fc.weight
+        cos, sin = rope_tables(self.rope_cos.shape[0], lane.head_dim, lane.rope_theta,
+                               lane.rope_scaling)
+        self.rope_cos = cos.to(weight.device, weight.dtype)
+        self.rope_sin = sin.to(weight.device, weight.dtype)
+
+    def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos, sin ``[R, n, head_dim]`` of integer positions ``[R, n]``."""
+        return self.rope_cos[positions], self.rope_sin[positions]
+
+    def append_context(self, k_cache: Tensor, v_cache: Tensor, features: Tensor,
+                       num_new: Tensor, anchor_pos: Tensor) -> None:
+        """Write K/V of the valid rows of ``features [R, N, F]`` at positions s-n .. s-1.
+
+        Row i of request r is valid when i < num_new[r]; other rows go to the trash slot
+        and are zeroed first, so garbage in padding can never reach a real key.
+        """
+        N = features.shape[1]
+        rows = torch.arange(N, device=features.device)
+        valid = rows[None, :] < num_new[:, None]
+        positions = anchor_pos[:, None] - num_new[:, None] + rows[None, :]
+        slots = torch.where(valid, positions, k_cache.shape[3] - 1)
+        features = torch.where(valid[..., None], features, 0)
+        ctx = self.hidden_norm(self.fc(features))
+        cos, sin = self.rope(torch.where(valid, positions, 0))  # padding rows: any position
+        for i, layer in enumerate(self.layers):
+            k, v = layer.self_attn.keys_values(ctx, cos, sin)
+            write_rows(k_cache, i, slots, k)
+            write_rows(v_cache, i, slots, v)
+
+    def forward(self, k_cache: Tensor, v_cache: Tensor, anchor: Tensor, anchor_pos: Tensor
+                ) -> tuple[Tensor, Tensor]:
+        """Hidden rows ``h [R, k, H]`` and base logits ``U [R, k, V_draft]`` of the block."""
+        lane = self.lane
+        n = lane.block_rows
+        R = anchor.shape[0]
+        masks = torch.full((R, n - 1), lane.mask_token_id, dtype=torch.long,
+                           device=anchor.device)
+        ids = torch.cat([anchor[:, None], masks], dim=1)
+        positions = anchor_pos[:, None] + torch.arange(n, device=anchor.device)
+        cos, sin = self.rope(positions)
+        masks = attention_masks(lane, anchor_pos, k_cache.shape[3])
+        x = self.embed_tokens(ids)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, k_cache, v_cache, i, positions, masks[lane.layer_type(i)])
+        h = self.norm(x)
+        if lane.layout is Layout.one_plus_k:
+            h = h[:, 1:]
+        return h, self.lm_head(h)

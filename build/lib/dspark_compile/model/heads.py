@@ -1,0 +1,70 @@
+"""The sequential heads: the Markov head (vanilla, gated, rnn) and the confidence head."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dspark_compile.config import LaneConfig, MarkovHead as Kind
+
+
+class MarkovHead(nn.Module):
+    """``bias_k = W2 · latent_k`` where the latent starts from ``W1[prev]`` (DeepSpec heads).
+
+    W1 is indexed by target ids (``[V_target, r]``); W2 maps to the draft vocabulary.
+    """
+
+    def __init__(self, lane: LaneConfig):
+        super().__init__()
+        self.kind = lane.markov_head
+        r, hidden = lane.markov_rank, lane.hidden_size
+        self.markov_w1 = nn.Embedding(lane.target_vocab_size, r)
+        self.markov_w2 = nn.Linear(r, lane.draft_vocab_size, bias=False)
+        if self.kind is Kind.gated:
+            self.gate_proj = nn.Linear(hidden + r, r)
+        elif self.kind is Kind.rnn:
+            self.joint_proj = nn.Linear(2 * r + hidden, 3 * r)
+
+    def initial_state(self, h: Tensor) -> Optional[Tensor]:
+        """The recurrent state before step 0 (rnn only): zeros ``[R, r]``."""
+        if self.kind is not Kind.rnn:
+            return None
+        return h.new_zeros(h.shape[0], self.markov_w1.embedding_dim)
+
+    def step_bias(self, prev: Tensor, h_k: Tensor, state: Optional[Tensor]
+                  ) -> tuple[Tensor, Optional[Tensor]]:
+        """Bias ``[R, V_draft]`` (model dtype) for one step, and the next recurrent state."""
+        e = self.markov_w1(prev)
+        if self.kind is Kind.vanilla:
+            latent = e
+        elif self.kind is Kind.gated:
+            latent = torch.sigmoid(self.gate_proj(torch.cat([h_k, e], dim=-1))) * e
+        else:
+            gate, candidate, out = self.joint_proj(torch.cat([state, e, h_k], dim=-1)).chunk(3, -1)
+            gate = torch.sigmoid(gate)
+            state = gate * state + (1.0 - gate) * torch.tanh(candidate)
+            latent = torch.tanh(out)
+        return self.markov_w2(latent), state
+
+
+class ConfidenceHead(nn.Module):
+    """``c_k = sigmoid(w · [h_k ; W1[prev_k]] + b)``, returned in fp32.
+
+    Accumulated in fp64 and rounded once: the fp32 result is then the same whatever order
+    a backend sums the dot product in, so confidences stay bit-identical across compilers.
+    """
+
+    def __init__(self, lane: LaneConfig):
+        super().__init__()
+        width = lane.hidden_size + (lane.markov_rank if lane.confidence_with_markov else 0)
+        self.with_markov = lane.confidence_with_markov
+        self.proj = nn.Linear(width, 1)
+
+    def forward(self, h: Tensor, prev_embeddings: Tensor) -> Tensor:
+        """``h [R, k, H]``, ``prev_embeddings [R, k, r]`` -> confidences ``[R, k]`` (fp32)."""
+        x = torch.cat([h, prev_embeddings], dim=-1) if self.with_markov else h
+        logit = F.linear(x.double(), self.proj.weight.double(), self.proj.bias.double())
+        return torch.sigmoid(logit).float().squeeze(-1)

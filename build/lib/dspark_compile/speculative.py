@@ -1,0 +1,54 @@
+"""Verification of a drafted block against the target, on the device.
+
+Both return ``(accepted [R], tokens [R, k+1])``: the first ``accepted + 1`` entries of a
+row are the tokens that row emits this round (the accepted drafts, then the target's
+correction or, when every draft was accepted, its bonus token).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dspark_compile.rng import gumbel, uniform
+
+# noise streams of the verifier, apart from the drafter's steps 0 .. k-1
+ACCEPT_STREAM = 1 << 20
+RESAMPLE_STREAM = (1 << 20) + 1
+
+
+def verify_greedy(draft_ids: Tensor, target_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Longest prefix of ``draft_ids [R, k]`` the target's own greedy tokens
+    ``target_ids [R, k+1]`` agree with, plus the target's token after it."""
+    k = draft_ids.shape[1]
+    accepted = torch.cumprod(draft_ids == target_ids[:, :k], dim=1).sum(dim=1)
+    return accepted, target_ids
+
+
+def verify_sampling(draft_ids: Tensor, q: Tensor, p: Tensor, seed: Tensor, position: Tensor
+                    ) -> tuple[Tensor, Tensor]:
+    """Standard speculative sampling (lossless: the emitted tokens follow ``p``).
+
+    ``draft_ids [R, k]`` were drawn from ``q [R, k, V]``; ``p [R, k+1, V]`` is the target's
+    distribution at each drafted position and one past it. Draft i is accepted with
+    probability ``min(1, p_i(x_i) / q_i(x_i))``; at the first rejection j the token is drawn
+    from ``max(0, p_j - q_j)`` normalised; if all k are accepted, a bonus token from
+    ``p_k``. The randomness is the counter-based noise keyed by ``(seed, position)``.
+    """
+    R, k = draft_ids.shape
+    rows = torch.arange(R, device=draft_ids.device)
+    p_draft = p[:, :k].gather(-1, draft_ids[..., None]).squeeze(-1)
+    q_draft = q.gather(-1, draft_ids[..., None]).squeeze(-1)
+    u = uniform(seed, position, ACCEPT_STREAM, k)
+    accept = u * q_draft.double() < p_draft.double()  # u < p/q, without dividing by 0
+    accepted = torch.cumprod(accept.long(), dim=1).sum(dim=1)
+    # the distribution of the token after the accepted prefix: residual, or p_k as bonus
+    q_padded = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)
+    residual = (p[rows, accepted] - q_padded[rows, accepted]).clamp_min(0).double()
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual,
+                           p[rows, accepted].double())  # p == q: nothing left to correct
+    noise = gumbel(seed, position, RESAMPLE_STREAM, p.shape[-1])
+    correction = (residual.log() + noise).argmax(dim=-1)
+    tokens = torch.cat([draft_ids, torch.zeros_like(draft_ids[:, :1])], dim=1)
+    tokens[rows, accepted] = correction
+    return accepted, tokens
