@@ -187,4 +187,4 @@ def bench(config: BenchConfig) -> Path:
 def sweep_main(cfg: DictConfig) -> None:
     from dspark_compile.sweep import run_job
 
-    run_job(to_config(cfg))
+    run_job(cfg)

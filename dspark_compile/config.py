@@ -66,10 +66,11 @@ class LaneConfig:
     attention_bias: bool = False  # q/k/v/o projections carry biases
     markov_rank: int = 256
     markov_head: MarkovHead = MarkovHead.vanilla
-    # on CUDA, each Markov step as one Triton kernel (dspark_compile/fused_markov.py)
-    fused_markov_step: bool = False
-    # on CUDA, the block's attention as FlexAttention's decoding kernel, split over the keys
-    flex_attention: bool = False
+    # on CUDA, the Markov walk as Triton kernels (dspark_compile/fused_markov.py), and the
+    # block's attention as FlexAttention's decoding kernel. "auto": on where the device,
+    # dtype and head support it (decided when a drafter is made on a device: for_device)
+    fused_markov_step: Any = "auto"
+    flex_attention: Any = "auto"
     confidence_with_markov: bool = True
     layout: Layout = Layout.anchor_first
     # per layer "full_attention" (all context, the block bidirectional) or
@@ -116,9 +117,8 @@ class LaneConfig:
                   f"one of {list(LAYER_TYPES)} per layer ({self.num_layers}), or []"),
                  ("confidence_with_markov", isinstance(self.confidence_with_markov, bool),
                   "true or false"),
-                 ("fused_markov_step", isinstance(self.fused_markov_step, bool),
-                  "true or false"),
-                 ("flex_attention", isinstance(self.flex_attention, bool), "true or false")]
+                 ("fused_markov_step", _switch(self.fused_markov_step), "true, false or auto"),
+                 ("flex_attention", _switch(self.flex_attention), "true, false or auto")]
         for name, ok, allowed in types:
             if not ok:
                 raise ConfigError(f"lane {self.name!r}: {name}={getattr(self, name)!r}, "
@@ -138,12 +138,9 @@ class LaneConfig:
              self.sliding_window),
             (self.sliding_window is None or self.sliding_window >= 1, "sliding_window",
              ">= 1 or null", self.sliding_window),
-            (not self.fused_markov_step or (self.markov_head is MarkovHead.vanilla
-                                            and self.dtype == "bfloat16"
-                                            and self.markov_rank in (16, 32, 64, 128, 256,
-                                                                     512, 1024)),
-             "fused_markov_step", ("false unless markov_head=vanilla, dtype=bfloat16 and "
-                                   "markov_rank is a power of two in [16, 1024]"),
+            (self.fused_markov_step is not True or self.fused_step_supported,
+             "fused_markov_step", ("false or auto unless markov_head=vanilla, dtype=bfloat16 "
+                                   "and markov_rank is a power of two in [16, 1024]"),
              self.fused_markov_step),
         ]
         for ok, name, allowed, value in checks:
@@ -157,6 +154,23 @@ class LaneConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def fused_step_supported(self) -> bool:
+        """Whether the fused Markov kernels can walk this lane's head."""
+        return (self.markov_head is MarkovHead.vanilla and self.dtype == "bfloat16"
+                and self.markov_rank in (16, 32, 64, 128, 256, 512, 1024))
+
+    def for_device(self, device: torch.device | str) -> "LaneConfig":
+        """The lane with its ``auto`` fast paths decided for ``device``: on CUDA where they
+        apply, off elsewhere (on the CPU both paths are the reference ones anyway)."""
+        cuda = torch.device(device).type == "cuda"
+        fused, flex = self.fused_markov_step, self.flex_attention
+        if fused == "auto":
+            fused = cuda and self.fused_step_supported
+        if flex == "auto":
+            flex = cuda and self.dtype != "float64"  # FlexAttention has no float64 kernel
+        return self.replace(fused_markov_step=fused, flex_attention=flex)
 
     @property
     def has_sliding_layers(self) -> bool:
@@ -222,6 +236,10 @@ def check_rope_scaling(scaling: Optional[dict[str, Any]]) -> None:
     if not scaling["factor"] or scaling["factor"] <= 0:
         raise ConfigError(f"rope_scaling.factor={scaling['factor']!r}, expected a positive "
                           "number")
+
+
+def _switch(value: Any) -> bool:
+    return isinstance(value, bool) or value == "auto"
 
 
 def _positive_real(value: Any) -> bool:

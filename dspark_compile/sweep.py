@@ -16,31 +16,38 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from dspark_compile.artifacts import locked
-from dspark_compile.commands import BenchConfig
+from dspark_compile.commands import BenchConfig, to_config
+from dspark_compile.errors import DSparkError
 
 TABLE = "results"
 COLUMNS = ["job", "status", "error", "lane", "context", "batch", "path", "ms", "vs_host",
            "floor_ms", "vs_floor", "d2h_bytes", "graphs", "kernels", "identical", "near_ties"]
 
 
-def run_job(config: BenchConfig) -> None:
+def run_job(cfg: DictConfig) -> None:
+    """One job: its config checked (a refused one is a failed row), then the benchmark."""
     hydra = HydraConfig.get()
     job_dir = Path(hydra.runtime.output_dir)
     sweep_dir = Path(hydra.sweep.dir)
     key = hydra.job.override_dirname or "defaults"
     overrides = dict(o.split("=", 1) for o in hydra.overrides.task)
-    config.out_dir = str(job_dir)
-    error = _bench_in_fresh_process(config, job_dir)
+    try:
+        config: BenchConfig = to_config(cfg)
+    except DSparkError as err:
+        error = f"{type(err).__name__}: {err}"
+    else:
+        config.out_dir = str(job_dir)
+        error = _bench_in_fresh_process(config, job_dir)
     if error is None:
         result = json.loads(next(job_dir.glob("bench_*.json")).read_text())
         rows = [dict(job=key, status="ok", error="", context=result["context"], **row)
                 for row in result["rows"]]
     else:
-        rows = [dict(job=key, status="failed", error=error, lane=config.lane.name,
-                     context=config.context)]
+        rows = [dict(job=key, status="failed", error=error, lane=cfg.lane.name,
+                     context=cfg.context)]
     done, failed = append(sweep_dir, [dict(row, overrides=overrides) for row in rows])
     print(progress(done, failed, total_jobs(sweep_dir)), flush=True)
 

@@ -45,6 +45,9 @@ def test_layout_and_manifest(artifact, tmp_path):
     assert manifest["buckets"] == [1, 2] and manifest["dtype"] == "bfloat16"
     assert manifest["env"]["torch"] == torch.__version__ and manifest["k"] == 5
     assert set(manifest["files"]) == {WEIGHTS}
+    # the key records what "auto" chose on the CPU, not "auto"
+    assert (manifest["lane"]["fused_markov_step"], manifest["lane"]["flex_attention"]) == (
+        False, False)
 
 
 def test_second_build_of_a_key_is_a_cache_hit(artifact, tmp_path):

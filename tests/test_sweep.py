@@ -57,7 +57,7 @@ def test_a_failed_job_is_a_row_and_the_sweep_goes_on_with_the_slurm_launcher_loc
     assert result.returncode == 0, result.stderr
     rows = table(tmp_path)
     failed = [r for r in rows if r["status"] == "failed"]
-    assert len(failed) == 1 and "unknown backend 'nope'" in failed[0]["error"]
+    assert len(failed) == 1 and "backends=['nope']" in failed[0]["error"]
     assert "backends=[nope]" in failed[0]["job"]
     ok = [r for r in rows if r["status"] == "ok"]
     assert [r["path"] for r in ok] == ["host", "device (eager)", "runtime (eager)"]

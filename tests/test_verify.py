@@ -29,5 +29,5 @@ def test_verify_cli_exits_nonzero_on_a_refused_artifact(built_artifact, fresh_ve
     manifest["buckets"] = [3, 8]
     (damaged / MANIFEST).write_text(json.dumps(manifest))
     code, report, stderr = fresh_verify(damaged)
-    assert code != 0 and report is None
-    assert "does not match its key" in stderr
+    assert code == 2 and report["identical"] is False
+    assert "does not match its key" in report["error"] and "does not match its key" in stderr

@@ -26,7 +26,9 @@ INDEX = "model.safetensors.index.json"
 
 
 def empty_drafter(lane: LaneConfig, device: torch.device | str) -> Drafter:
-    """A drafter with uninitialised storage on ``device``, in the lane's dtype."""
+    """A drafter with uninitialised storage on ``device``, in the lane's dtype (its lane's
+    ``auto`` fast paths decided for the device)."""
+    lane = lane.for_device(device)
     with torch.device("meta"):
         drafter = Drafter(lane).to(lane.torch_dtype)
     drafter.to_empty(device=device)
@@ -35,8 +37,11 @@ def empty_drafter(lane: LaneConfig, device: torch.device | str) -> Drafter:
 
 
 def cast_drafter(drafter: Drafter, dtype: str) -> Drafter:
-    """A copy of ``drafter`` in another dtype (its lane says so too)."""
-    lane = drafter.lane.replace(dtype=dtype)
+    """A copy of ``drafter`` in another dtype (its lane says so too). The fused Markov
+    kernels are bf16 only: another dtype's copy (onnx's fp32) walks with the loop."""
+    lane = drafter.lane
+    lane = lane.replace(dtype=dtype, fused_markov_step=lane.fused_markov_step is True
+                        and dtype == "bfloat16")
     copy = empty_drafter(lane, drafter.fc.weight.device)
     copy.load_state_dict(drafter.state_dict())  # copy_ casts
     return copy
@@ -94,6 +99,7 @@ def load_weights(lane: LaneConfig, files: Path | dict[str, Path], device: torch.
     tensor name to file), checked key by key. ``supplied`` tensors (the verifier's) take
     the place of file tensors of the same name; ``ignored`` names may sit in the files."""
     supplied = supplied or {}
+    lane = lane.for_device(device)
     if isinstance(files, (Path, str)):
         files = {name: Path(files) for name in _keys(Path(files))}
     by_file: dict[Path, list[str]] = {}
