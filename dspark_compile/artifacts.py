@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator
 import torch
 from safetensors.torch import save_file
 
+from dspark_compile import progress
 from dspark_compile.backends import example_inputs, get_backend
 from dspark_compile.checkpoint import cast_drafter
 from dspark_compile.draft import DraftStep
@@ -158,6 +159,7 @@ def build_artifact(drafter: Drafter, backend_name: str, buckets: list[int],
                       environment(device), with_probs)
 
     def write(tmp: Path) -> None:
+        progress.phase("writing the weights")
         save_weights(weights, tmp)
         examples = {b: example_inputs(lane, b, device) for b in buckets}
         backend.compile(DraftStep(drafter, with_probs), examples, tmp)
@@ -175,7 +177,9 @@ def build_or_reuse(key: ArtifactKey, root: Path,
     """
     final = key.directory(root)
     final.parent.mkdir(parents=True, exist_ok=True)
-    with locked(final.parent / f".{final.name}.lock"):
+    locks = Path(root) / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with locked(locks / f"{final.parent.parent.name}.{final.parent.name}.{final.name}"):
         _remove_stale_temporaries(final)
         if final.exists():
             try:
@@ -192,8 +196,11 @@ def build_or_reuse(key: ArtifactKey, root: Path,
         tmp.mkdir()
         try:
             start = time.perf_counter()
-            write(tmp)
-            files = {p.name: file_sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+            with progress.reporting(f"building {key.backend} {final.name}"):
+                write(tmp)
+                progress.phase("hashing the files")
+                files = {p.name: file_sha256(p) for p in sorted(tmp.iterdir())
+                         if p.is_file()}
             manifest = {"format_version": FORMAT_VERSION, "key": key.digest(), "lane": key.lane,
                         "weights_sha256": key.weights_sha256, "backend": key.backend,
                         "buckets": list(key.buckets), "with_probs": key.with_probs,

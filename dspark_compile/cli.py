@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import statistics
@@ -93,11 +94,12 @@ def print_table(rows: list[dict[str, object]]) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
 
 
-def command(name: str, config_name: str
+def command(name: str, config_name: str, needs: tuple[str, str] | None = None
             ) -> Callable[[Callable[[DictConfig], None]], Callable[[], None]]:
     """A Hydra entry point whose typed errors end the process with status 2 and one line,
     ``<name>: <ErrorType>: <message>``; ``--debug`` (or ``HYDRA_FULL_ERROR=1``) shows the
-    traceback instead."""
+    traceback instead. ``needs``: a module the command cannot start without, and the
+    install command that brings it."""
     def wrap(body: Callable[[DictConfig], None]) -> Callable[[], None]:
         @hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")
         def task(cfg: DictConfig) -> None:
@@ -110,6 +112,10 @@ def command(name: str, config_name: str
                 raise SystemExit(2) from None
 
         def main() -> None:
+            if needs and importlib.util.find_spec(needs[0]) is None:
+                print(f"{name}: MissingBackendError: {name} needs {needs[0]}: {needs[1]}",
+                      file=sys.stderr)
+                raise SystemExit(2)
             if "--debug" in sys.argv:
                 sys.argv.remove("--debug")
                 os.environ["HYDRA_FULL_ERROR"] = "1"
@@ -171,7 +177,9 @@ def bench(config: BenchConfig) -> Path:
     result = run_bench(build_drafter(config), config.backends, config.buckets, config.context,
                        config.artifacts_dir, config.repeats, config.warmup, config.seed)
     bandwidth, matmul = result["ceilings"]["bandwidth"], result["ceilings"]["matmul"]
-    print(f"measured now: copy {bandwidth / 1e9:.1f} GB/s, matmul {matmul / 1e12:.2f} TFLOP/s")
+    print(f"measured now: copy {bandwidth / 1e9:.3g} GB/s, matmul {matmul / 1e12:.3g} TFLOP/s"
+          + (" (on the CPU, caches make the floor indicative only)"
+             if config.device == "cpu" else ""))
     print_table([{k: r[k] for k in ("lane", "batch", "path", "ms", "vs_host", "floor_ms",
                                     "vs_floor", "d2h_bytes", "graphs", "kernels",
                                     "identical", "near_ties")}
@@ -183,7 +191,8 @@ def bench(config: BenchConfig) -> Path:
     return json_path
 
 
-@command("dspark-sweep", "sweep")
+@command("dspark-sweep", "sweep", needs=("hydra_plugins.hydra_joblib_launcher",
+                                         "pip install 'dspark-compile[sweep]'"))
 def sweep_main(cfg: DictConfig) -> None:
     from dspark_compile.sweep import run_job
 

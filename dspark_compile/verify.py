@@ -30,7 +30,8 @@ def verify_artifact(artifact_dir: str | Path, device: str = "cpu", rounds: int =
     tolerance = getattr(get_backend(runner.manifest["backend"]), "CONFIDENCE_TOLERANCE", 0.0)
     report: dict[str, Any] = {"identical": True, "artifact": str(artifact_dir),
                               "backend": runner.manifest["backend"], "lane": lane.name,
-                              "device": device, "temperature": temperature, "rounds": 0,
+                              "device": device, "temperature": temperature,
+                              "buckets": runner.buckets, "rounds": rounds,  # per bucket
                               "tokens_compared": 0,
                               "near_ties": 0, "confidence_tolerance": tolerance,
                               "first_mismatch": None}
@@ -45,7 +46,6 @@ def verify_artifact(artifact_dir: str | Path, device: str = "cpu", rounds: int =
             full, rows = runner.layout(inputs, slots)
             ref = host.draft(host_cache, full)
             ids, confidences, rows = out.ids.cpu(), out.confidences.cpu(), rows.cpu()
-            report["rounds"] += 1
             report["tokens_compared"] += ids.numel()
             report["near_ties"] += int(ref.near_ties[rows].sum())
             same = (ids == ref.ids[rows]) & (

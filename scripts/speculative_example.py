@@ -13,7 +13,12 @@ import argparse
 import tempfile
 
 import torch
-import transformers
+
+try:
+    import transformers
+except ImportError:
+    raise SystemExit("speculative_example.py needs transformers for its target model: "
+                     "pip install transformers (the dev extra has it)") from None
 
 from dspark_compile.artifacts import build_artifact
 from dspark_compile.checkpoint import random_drafter

@@ -22,6 +22,12 @@ def test_main_command_default_builds_verifies_and_prints_the_path_last(tmp_path)
     lines = result.stdout.splitlines()
     assert lines[0] == "lane tiny, backend inductor, buckets [1, 4], device cpu"
     assert any(line.startswith(f"built {tmp_path}/tiny-") for line in lines)
+    # the build's phases as lines with their times (stderr is not a terminal here)
+    phases = [line for line in result.stderr.splitlines() if line.startswith("building ")]
+    assert [p.split("] ", 1)[1] for p in phases] == [
+        "writing the weights", "tracing, lowering and compiling bucket 1 (1/2)",
+        "tracing, lowering and compiling bucket 4 (2/2)", "saving Inductor's cache artifacts",
+        "hashing the files"]
     assert any('"identical": true' in line for line in lines)  # the fresh-process verify
     artifact = Path(lines[-1])
     assert artifact.parent.name == "inductor" and (artifact / "manifest.json").is_file()

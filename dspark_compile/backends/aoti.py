@@ -13,6 +13,7 @@ import torch._inductor
 from torch import Tensor
 
 from dspark_compile.draft import DraftStep
+from dspark_compile import progress
 
 INDUCTOR_CONFIGS = {
     "aot_inductor.package_constants_in_so": False,
@@ -30,9 +31,11 @@ def _package(out_dir: Path, bucket: int) -> Path:
 
 
 def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
-    for bucket, example in examples.items():
+    for bucket, i, n in progress.buckets(examples):
+        progress.phase(f"exporting bucket {bucket} ({i}/{n})")
         with torch.no_grad():
-            program = torch.export.export(step, example, strict=False)
+            program = torch.export.export(step, examples[bucket], strict=False)
+        progress.phase(f"lowering, C++ compile and packaging of bucket {bucket} ({i}/{n})")
         torch._inductor.aoti_compile_and_package(
             program, package_path=str(_package(out_dir, bucket)),
             inductor_configs=INDUCTOR_CONFIGS)

@@ -11,6 +11,7 @@ import torch._inductor
 from torch import Tensor
 
 from dspark_compile.draft import DraftStep
+from dspark_compile import progress
 
 PAYLOAD = "inductor_cache.bin"
 OWN_CUDA_GRAPH = True  # reduce-overhead records and replays its own graph
@@ -44,8 +45,10 @@ def _compiled(step: DraftStep) -> Callable:
 def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
     compiled = _compiled(step)
     with torch.no_grad():
-        for example in examples.values():
-            compiled(*example)
+        for bucket, i, n in progress.buckets(examples):
+            progress.phase(f"tracing, lowering and compiling bucket {bucket} ({i}/{n})")
+            compiled(*examples[bucket])
+    progress.phase("saving Inductor's cache artifacts")
     saved = torch.compiler.save_cache_artifacts()
     if saved is None:
         raise RuntimeError("Inductor produced no cache artifacts to save")

@@ -14,6 +14,7 @@ from torch import Tensor
 from dspark_compile.backends import FunctionalDraftStep
 from dspark_compile.draft import DraftStep
 from dspark_compile.errors import MissingBackendError
+from dspark_compile import progress
 
 DEVICES = ("cpu",)
 DTYPE = "float32"
@@ -43,7 +44,9 @@ def _require(module: str):
 
 def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
     onnx = _require("onnx")
-    for bucket, example in examples.items():
+    for bucket, i, n in progress.buckets(examples):
+        progress.phase(f"exporting bucket {bucket} to ONNX ({i}/{n})")
+        example = examples[bucket]
         with torch.no_grad():
             program = torch.onnx.export(FunctionalDraftStep(step), example, dynamo=True,
                                         input_names=INPUTS, output_names=_outputs(step))

@@ -16,6 +16,7 @@ from torch import Tensor
 from dspark_compile.backends import FunctionalDraftStep
 from dspark_compile.draft import DraftStep
 from dspark_compile.errors import ConfigError, MissingBackendError
+from dspark_compile import progress
 
 DEVICES = ("cuda",)
 INSTALL = "pip install 'dspark-compile[tensorrt]' (a torch-tensorrt build matching your torch)"
@@ -39,7 +40,9 @@ def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: P
                           "with lane.flex_attention=false")
     trt = _torch_tensorrt()
     dtype = step.drafter.lane.torch_dtype
-    for bucket, example in examples.items():
+    for bucket, i, n in progress.buckets(examples):
+        progress.phase(f"exporting and compiling bucket {bucket} with TensorRT ({i}/{n})")
+        example = examples[bucket]
         with torch.no_grad():
             program = torch.export.export(FunctionalDraftStep(step), example, strict=False)
             module = trt.dynamo.compile(program, arg_inputs=list(example),

@@ -34,6 +34,7 @@ def test_artifact_is_token_identical_in_a_fresh_process(built_artifact, fresh_ve
     assert code == 0, stderr
     assert report["identical"] and report["first_mismatch"] is None
     assert report["backend"] == backend and report["lane"] == lane_name
+    assert report["rounds"] == 12 and report["buckets"] == [3]
     assert report["tokens_compared"] == 12 * 2 * 5  # 12 rounds, batch 2 in bucket 3, k=5
     if temperature == 0.0 and backend != "onnx":  # onnx runs an fp32 copy: ties are rare
         assert report["near_ties"] > 0

@@ -1,0 +1,57 @@
+"""Progress of a long build: each phase with the time since the build began, as a line on
+stderr (a log), or as one status line redrawn in place on a terminal."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from contextvars import ContextVar
+from typing import Iterator, Optional, TextIO
+
+from tqdm import tqdm
+
+_current: ContextVar[Optional["Progress"]] = ContextVar("progress", default=None)
+
+
+class Progress:
+    def __init__(self, what: str, stream: TextIO):
+        self.what, self.stream, self.start = what, stream, time.perf_counter()
+        self.bar = (tqdm(file=stream, bar_format="{desc} [{elapsed}]", leave=False)
+                    if stream.isatty() else None)
+
+    def phase(self, name: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description_str(f"{self.what}: {name}")
+        else:
+            seconds = time.perf_counter() - self.start
+            print(f"{self.what}: [{seconds:6.1f} s] {name}", file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+@contextlib.contextmanager
+def reporting(what: str, stream: TextIO = sys.stderr) -> Iterator[Progress]:
+    """Phases reported inside this block (:func:`phase`) go to ``stream``."""
+    progress = Progress(what, stream)
+    token = _current.set(progress)
+    try:
+        yield progress
+    finally:
+        _current.reset(token)
+        progress.close()
+
+
+def phase(name: str) -> None:
+    """Report a phase of the build in progress, if one is reporting."""
+    progress = _current.get()
+    if progress is not None:
+        progress.phase(name)
+
+
+def buckets(examples: dict) -> Iterator[tuple[int, int, int]]:
+    """``(bucket, i, n)`` over a backend's example inputs, for phases like "bucket 8 (2/3)"."""
+    for i, bucket in enumerate(examples, 1):
+        yield bucket, i, len(examples)
