@@ -34,7 +34,14 @@ def compiled_flex_attention() -> Callable[..., Tensor]:
     and a step that is being compiled or exported lowers the same op itself. Made on first
     use: ``torch.compile`` takes seconds to import. Its rounding is that of the compiled
     backends' own lowering (``emulate_precision_casts``), fixed here so that no flag set
-    elsewhere in the process changes the host path's bits (on CUDA it did)."""
+    elsewhere in the process changes the host path's bits (on CUDA it did).
+
+    Every shape (batch, lane, mask) is a compile of its own; past Dynamo's recompile limit
+    (8 by default) the call would fall back to FlexAttention's unfused math, which rounds
+    otherwise and cannot be captured in a CUDA graph. A process holds a few lanes of
+    three or four buckets and two mask types each: the limit is raised for that."""
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, 256)
     return torch.compile(flex_attention, dynamic=False,
                          options={"emulate_precision_casts": True})
 
