@@ -1,3 +1,0 @@
-from dspark_compile.cli import compile_main
-
-compile_main()

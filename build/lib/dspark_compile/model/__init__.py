@@ -1,3 +1,0 @@
-from dspark_compile.model.drafter import Drafter
-
-__all__ = ["Drafter"]
