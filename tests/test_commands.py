@@ -77,8 +77,12 @@ def test_a_typed_error_is_one_line_and_status_2(module, name, args):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"{name}: "), result.stderr
-    debug = run(module, *args, "--debug")
+
+
+def test_debug_shows_the_traceback():
+    debug = run("dspark_compile", "checkpoint=/no/such/dir", "--debug")
     assert debug.returncode != 0 and "Traceback" in debug.stderr
+    assert "CheckpointError" in debug.stderr
 
 
 def test_verify_prints_one_json_line_when_it_cannot_check(tmp_path):
