@@ -12,7 +12,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
 from tqdm import tqdm
@@ -40,26 +40,30 @@ class Floor:
     # traffic the floor leaves out, which only fusing the lm_head into the loop would save
     logits_ms: float
 
+T = TypeVar("T")
+
 
 def significant(x: float) -> float:
     """Four significant digits: a tiny lane's floor on a GPU is a few microseconds."""
     return float(f"{x:.4g}")
 
 
+def timed(fn: Callable[[], T], device: torch.device) -> tuple[T, float]:
+    """``fn()`` and its wall time in ms, the device synchronised before and after."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out, (time.perf_counter() - start) * 1e3
+
+
 def time_ms(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int) -> float:
-    """Median wall time of ``fn`` in ms, synchronising the device around each call."""
+    """Median wall time of ``fn`` in ms over ``repeats`` calls after ``warmup`` calls."""
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    return statistics.median(timed(fn, device)[1] for _ in range(repeats))
 
 
 KERNEL_LAUNCHES = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel",

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable
 
 import hydra
 import torch
@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from dspark_compile.artifacts import build_artifact
 from dspark_compile.checkpoint import describe_sources, load_checkpoint, random_drafter
-from dspark_compile.bench import run_bench, write
+from dspark_compile.bench import run_bench, timed, write
 from dspark_compile.commands import (BenchConfig, Config, VerifyConfig, register_configs,
                                      to_config)
 from dspark_compile.config import CONF_DIR
@@ -32,7 +32,6 @@ from dspark_compile.runtime import Runner, load_runner
 from dspark_compile.verify import verify_artifact
 
 register_configs()
-T = TypeVar("T")
 
 
 def build_drafter(cfg: Config | BenchConfig) -> Drafter:
@@ -41,16 +40,6 @@ def build_drafter(cfg: Config | BenchConfig) -> Drafter:
         print(f"checkpoint {cfg.checkpoint}: {describe_sources(drafter.sources)}", flush=True)
         return drafter
     return random_drafter(cfg.lane, cfg.device, cfg.seed)
-
-
-def timed(fn: Callable[[], T], device: torch.device) -> tuple[T, float]:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    out = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return out, (time.perf_counter() - start) * 1e3
 
 
 def compare_paths(cfg: Config, runner: Runner) -> list[dict[str, object]]:

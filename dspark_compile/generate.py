@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from dspark_compile.draft import RoundInputs
-from dspark_compile.rng import gumbel
+from dspark_compile.draft import RoundInputs, sample
 from dspark_compile.runtime import Runner
 from dspark_compile.speculative import verify_greedy, verify_sampling
 
@@ -91,11 +90,10 @@ def generate(target: torch.nn.Module, runner: Runner, prompt: list[int], max_new
 
 
 def _pick(logits: Tensor, temperature: float, seed: Tensor, position: Tensor) -> Tensor:
-    """The target's own token: argmax, or a Gumbel-max sample at the temperature."""
-    if temperature <= 0:
-        return logits.argmax(-1)
-    noise = gumbel(seed, position, FIRST_TOKEN_STREAM, logits.shape[-1])
-    return (logits.double() / temperature + noise).argmax(-1)
+    """The target's own token: argmax, or a Gumbel-max sample at the temperature (the draft
+    step's own sampling, on a noise stream of its own)."""
+    temperatures = torch.full(seed.shape, temperature, dtype=torch.float32, device=seed.device)
+    return sample(logits, temperatures, seed, position, FIRST_TOKEN_STREAM)
 
 
 @torch.no_grad()
