@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the H200 machine (device tool): a few seeded rounds of each real lane (random weights,
 # context 4096), device path vs host path. The test suite on CUDA: scripts/device_tests.sh.
-# Expects the Hydra wheels installed (see ../shared/device/README.md); writes to $OUT.
+# Expects the Hydra wheels installed from .whl/ (scripts/README.md); writes to $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
