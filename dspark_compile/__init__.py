@@ -8,8 +8,7 @@ torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
 
 from dspark_compile.checkpoint import load_checkpoint, random_drafter, save_checkpoint
 from dspark_compile.config import LaneConfig, lane_config
-from dspark_compile.draft import DraftOutput, DraftStep, KVCache, RoundInputs, draft
-from dspark_compile.reference import HostPath
+from dspark_compile.draft import DraftOutput, DraftStep, HostPath, KVCache, RoundInputs, draft
 from dspark_compile.runtime import Runner, load_runner
 
 __all__ = ["DraftOutput", "DraftStep", "HostPath", "KVCache", "LaneConfig", "RoundInputs",

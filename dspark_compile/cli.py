@@ -1,86 +1,27 @@
 """Hydra entry points: ``dspark-compile``, ``dspark-verify``, ``dspark-bench`` and
-``dspark-sweep``."""
+``dspark-sweep``. Each composes its config, checks it against its schema and hands it to
+its job in :mod:`dspark_compile.tools`; nothing imports this module."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
-import statistics
-import subprocess
 import sys
-import time
-from pathlib import Path
 from typing import Callable
 
 import hydra
-import torch
 from omegaconf import DictConfig
 
-from dspark_compile.artifacts import build_artifact
-from dspark_compile.checkpoint import describe_sources, load_checkpoint, random_drafter
-from dspark_compile.bench import run_bench, timed, write
-from dspark_compile.commands import (BenchConfig, Config, VerifyConfig, register_configs,
-                                     to_config)
 from dspark_compile.config import CONF_DIR
-from dspark_compile.draft import KVCache, draft
 from dspark_compile.errors import DSparkError
-from dspark_compile.model import Drafter
-from dspark_compile.reference import HostPath
-from dspark_compile.rounds import synthetic_rounds
-from dspark_compile.runtime import Runner, load_runner
-from dspark_compile.verify import verify_artifact
+from dspark_compile.tools.bench import bench
+from dspark_compile.tools.commands import VerifyConfig, register_configs, to_config
+from dspark_compile.tools.compile_job import compile_job
+from dspark_compile.tools.sweep import run_job
+from dspark_compile.tools.verify import verify_artifact
 
 register_configs()
-
-
-def build_drafter(cfg: Config | BenchConfig) -> Drafter:
-    if cfg.checkpoint:
-        drafter = load_checkpoint(cfg.checkpoint, cfg.lane, cfg.device, cfg.verifier)
-        print(f"checkpoint {cfg.checkpoint}: {describe_sources(drafter.sources)}", flush=True)
-        return drafter
-    return random_drafter(cfg.lane, cfg.device, cfg.seed)
-
-
-def compare_paths(cfg: Config, runner: Runner) -> list[dict[str, object]]:
-    """Seeded rounds through the host path, the eager device path and the artifact's
-    runtime; one row per path. All three run the runner's bucket-sized batch."""
-    device, lane = runner.device, runner.lane
-    slots = [runner.admit() for _ in range(cfg.batch)]
-    bucket = runner.bucket(cfg.batch)
-    eager_cache, host_cache = (KVCache.allocate(lane, bucket, device) for _ in "eh")
-    host = HostPath(runner.drafter)
-    ms: dict[str, list[float]] = {"host": [], "eager": [], "runtime": []}
-    identical = {"eager": True, "runtime": True}
-    for inputs in synthetic_rounds(lane, cfg.batch, cfg.context, cfg.rounds, cfg.seed, device):
-        full, rows = runner.layout(inputs, slots)
-        ref, t = timed(lambda: host.draft(host_cache, full), device)
-        ms["host"].append(t)
-        out, t = timed(lambda: draft(runner.drafter, eager_cache, full), device)
-        ms["eager"].append(t)
-        identical["eager"] &= torch.equal(out.ids.cpu(), ref.ids)
-        identical["eager"] &= torch.equal(out.confidences.cpu(), ref.confidences)
-        out, t = timed(lambda: runner.draft(inputs, slots), device)
-        ms["runtime"].append(t)
-        identical["runtime"] &= torch.equal(out.ids.cpu(), ref.ids[rows.cpu()])
-    # round 0 carries the prompt; the rounds after it are the steady state
-    steady = slice(1, None) if cfg.rounds > 1 else slice(None)
-    device_bytes = cfg.batch * lane.k * (8 + 4)
-    backend = runner.manifest["backend"]
-    table = [("host", f"host ({bucket} rows)", "reference", ref.transfers.d2h_bytes),
-             ("eager", "device (eager)", identical["eager"], device_bytes),
-             ("runtime", f"runtime ({backend})", identical["runtime"], device_bytes)]
-    return [dict(lane=lane.name, batch=cfg.batch, path=path, identical=same, d2h_bytes=size,
-                 ms=statistics.median(ms[key][steady])) for key, path, same, size in table]
-
-
-def print_table(rows: list[dict[str, object]]) -> None:
-    header = list(rows[0])
-    cells = [[f"{r[h]:.3f}" if isinstance(r[h], float) else str(r[h]) for h in header]
-             for r in rows]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
-    for line in [header, *cells]:
-        print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
 
 
 def command(name: str, config_name: str, needs: tuple[str, str] | None = None
@@ -115,28 +56,7 @@ def command(name: str, config_name: str, needs: tuple[str, str] | None = None
 
 @command("dspark-compile", "config")
 def compile_main(cfg: DictConfig) -> None:
-    config: Config = to_config(cfg)
-    backend, buckets = config.backend.name, config.buckets
-    print(f"lane {config.lane.name}, backend {backend}, buckets {buckets}, "
-          f"device {config.device}", flush=True)
-    drafter = build_drafter(config)
-    print(f"compiling the draft step (or finding it under {config.artifacts_dir}/) ...",
-          flush=True)
-    (path, built), seconds = timed(
-        lambda: build_artifact(drafter, backend, buckets, config.artifacts_dir),
-        torch.device(config.device))
-    print(f"{'built' if built else 'reused'} {path} in {seconds / 1e3:.1f} s", flush=True)
-    print("verifying in a fresh process ...", flush=True)
-    check = subprocess.run([sys.executable, "-m", "dspark_compile.verify", f"artifact={path}",
-                            f"device={config.device}"], capture_output=True, text=True)
-    print(check.stdout.strip() or check.stderr.strip())
-    if check.returncode:
-        raise SystemExit(f"dspark-verify failed for {path}")
-    rows = compare_paths(config, load_runner(path, config.device))
-    print_table(rows)
-    if not all(r["identical"] in (True, "reference") for r in rows):
-        raise SystemExit("a path disagrees with the host path")
-    print(path)
+    compile_job(to_config(cfg))
 
 
 @command("dspark-verify", "verify")
@@ -159,30 +79,7 @@ def bench_main(cfg: DictConfig) -> None:
     bench(to_config(cfg))
 
 
-def bench(config: BenchConfig) -> Path:
-    """Run one benchmark, print its table, write its JSON and PNG; returns the JSON path."""
-    print(f"lane {config.lane.name}, backends {config.backends}, buckets {config.buckets}, "
-          f"context {config.context}, device {config.device}", flush=True)
-    result = run_bench(build_drafter(config), config.backends, config.buckets, config.context,
-                       config.artifacts_dir, config.repeats, config.warmup, config.seed)
-    bandwidth, matmul = result["ceilings"]["bandwidth"], result["ceilings"]["matmul"]
-    print(f"measured now: copy {bandwidth / 1e9:.3g} GB/s, matmul {matmul / 1e12:.3g} TFLOP/s"
-          + (" (on the CPU, caches make the floor indicative only)"
-             if config.device == "cpu" else ""))
-    print_table([{k: r[k] for k in ("lane", "batch", "path", "ms", "vs_host", "floor_ms",
-                                    "vs_floor", "d2h_bytes", "graphs", "kernels",
-                                    "identical", "near_ties")}
-                 for r in result["rows"]])
-    stem = f"bench_{config.lane.name}_{result['env']['device_type']}"
-    json_path, png_path = write(result, config.out_dir, stem)
-    print(json_path)
-    print(png_path)
-    return json_path
-
-
 @command("dspark-sweep", "sweep", needs=("hydra_plugins.hydra_joblib_launcher",
                                          "pip install 'dspark-compile[sweep]'"))
 def sweep_main(cfg: DictConfig) -> None:
-    from dspark_compile.sweep import run_job
-
     run_job(cfg)

@@ -66,7 +66,7 @@ class LaneConfig:
     attention_bias: bool = False  # q/k/v/o projections carry biases
     markov_rank: int = 256
     markov_head: MarkovHead = MarkovHead.vanilla
-    # on CUDA, the Markov walk as Triton kernels (dspark_compile/fused_markov.py), and the
+    # on CUDA, the Markov walk as Triton kernels (dspark_compile/kernels/markov/), and the
     # block's attention as FlexAttention's decoding kernel. "auto": on where the device,
     # dtype and head support it (decided when a drafter is made on a device: for_device)
     fused_markov_step: Any = "auto"

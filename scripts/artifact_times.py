@@ -21,7 +21,7 @@ from pathlib import Path
 
 BUILD = """
 import sys, time
-from dspark_compile.artifacts import build_artifact
+from dspark_compile.compile import build_artifact
 from dspark_compile.checkpoint import random_drafter
 from dspark_compile.config import lane_config
 lane, backend, device, root, buckets = sys.argv[1:6]
@@ -71,7 +71,7 @@ def main() -> None:
             load_s = float(run(["-c", LOAD, path, args.device], cache))
         with tempfile.TemporaryDirectory() as cache:
             start = time.perf_counter()
-            report = json.loads(run(["-m", "dspark_compile.verify", f"artifact={path}",
+            report = json.loads(run(["-m", "dspark_compile", "verify", f"artifact={path}",
                                      f"device={args.device}"], cache))
             verify_s = time.perf_counter() - start
         row = dict(backend=backend, buckets=args.buckets, built=built == "True",
@@ -82,7 +82,7 @@ def main() -> None:
                                      / 2**20, 1))
         results.append(row)
         print(json.dumps(row), flush=True)
-    from dspark_compile.artifacts import environment
+    from dspark_compile.compile.key import environment
 
     out = dict(command=" ".join([Path(sys.executable).name, *sys.argv]), lane=args.lane,
                device=args.device, env=environment(args.device), results=results)

@@ -12,7 +12,7 @@ run (or its FLOPs over the matmul rate, if larger); beside each time, the time i
 ran and their count, from the profiler. Every batch runs greedy (T = 0, the default) and
 mixed (odd rows sampled at T = 1). Each path drafts ``--trials`` fresh rounds
 and counts the ids where it differs from the eager loop. ``--launch`` times the fused walk
-at other launches than ``fused_markov.launch_shape``'s.
+at other launches than ``markov.launch.launch_shape``'s.
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ from torch import Tensor
 from torch.profiler import ProfilerActivity, profile
 from triton.runtime.errors import OutOfResources
 
-from dspark_compile import fused_markov
-from dspark_compile.artifacts import environment
-from dspark_compile.bench import measure_ceilings, significant
+from dspark_compile.kernels import markov
+from dspark_compile.compile.key import environment
+from dspark_compile.tools.bench import significant
+from dspark_compile.tools.roofline import measure_ceilings
 from dspark_compile.config import LaneConfig, lane_config
-from dspark_compile.draft import markov_loop
+from dspark_compile.draft.markov import markov_loop
 from dspark_compile.model.heads import MarkovHead
 from dspark_compile.model.vocab import random_d2t
 
@@ -99,12 +100,12 @@ def main() -> None:
                   ceilings=dataclasses.asdict(ceilings))
     size = torch.finfo(lane.torch_dtype).bits // 8
     k, V, r = lane.k, lane.draft_vocab_size, lane.markov_rank
-    default = fused_markov.launch_shape
+    default = markov.launch.launch_shape
     launches = {"loop (fused)": default}
     for launch in args.launch:
         shape = tuple(map(int, launch.split("x")))
         launches[f"loop (fused, {launch})"] = (
-            lambda *lane_shape, s=shape: fused_markov.Launch(default(*lane_shape).rows, *s))
+            lambda *lane_shape, s=shape: markov.launch.Launch(default(*lane_shape).rows, *s))
     rows = []
     for R, sampled in ((R, sampled) for R in args.batches for sampled in (False, True)):
         inputs = dict(
@@ -130,7 +131,7 @@ def main() -> None:
         timed = [("loop (eager)", loops["loop (eager)"], default)]
         timed += [(name, loops["loop (fused)"], shape) for name, shape in launches.items()]
         for name, loop, shape in timed:
-            fused_markov.launch_shape = shape
+            markov.launch.launch_shape = shape
             differing = 0
             try:
                 for base_logits, anchor, ids in trials:
@@ -155,7 +156,7 @@ def main() -> None:
                   f"floor {floor_ms:.4f} ms  x{ms / floor_ms:.3f}  kernels {kernels_ms:.4f} ms "
                   f"({kernels:g})  ids differing {differing}/{args.trials * R * k}", flush=True)
             del graph
-        fused_markov.launch_shape = default
+        markov.launch.launch_shape = default
         with open(args.out, "w") as f:  # after every batch: a run cut short keeps its rows
             json.dump(dict(header, rows=rows), f, indent=2)
             f.write("\n")

@@ -17,13 +17,15 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from dspark_compile.artifacts import build_artifact
-from dspark_compile.bench import one_round, time_ms
+from dspark_compile.compile import build_artifact
+from dspark_compile.tools.rounds import synthetic_rounds
+from dspark_compile.tools.timing import time_ms
 from dspark_compile.checkpoint import random_drafter
 from dspark_compile.config import lane_config
 from dspark_compile.draft import RoundInputs
 from dspark_compile.model import Drafter
-from dspark_compile.runtime import copy_into, load_runner
+from dspark_compile.runtime import load_runner
+from dspark_compile.runtime.capture import copy_into
 
 
 def gpu_time(prof: profile) -> tuple[float, float]:
@@ -98,7 +100,8 @@ def main() -> None:
     device = torch.device(args.device)
     overrides = dict(item.split("=", 1) for item in args.set)
     drafter = random_drafter(lane_config(args.lane, **overrides), device, seed=0)
-    prompt, decode = one_round(drafter, args.batch, args.context, 0, device)
+    prompt, decode = synthetic_rounds(drafter.lane, args.batch, args.context, 2, 0, device,
+                                      fixed=True)
     results = {backend: profile_backend(drafter, backend, prompt, decode, args)
                for backend in args.backends}
     if args.json:

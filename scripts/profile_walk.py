@@ -15,7 +15,7 @@ import argparse
 import torch
 from markov_loop_bench import random_head  # the sibling script: same weights
 
-from dspark_compile import fused_markov
+from dspark_compile.kernels import markov
 from dspark_compile.config import lane_config
 
 
@@ -36,7 +36,7 @@ def main() -> None:
     temperature = (torch.arange(R, device=device) % 2).float() * args.sampled
     for _ in range(args.rounds):
         anchor = torch.randint(0, lane.target_vocab_size, (R,), device=device, generator=gen)
-        fused_markov.markov_walk(head.markov_w1.weight, head.markov_w2.weight, base, anchor,
+        markov.markov_walk(head.markov_w1.weight, head.markov_w2.weight, base, anchor,
                                  temperature, torch.arange(R, device=device) + 7,
                                  torch.full((R,), 4096, device=device), d2t)
     torch.cuda.synchronize()

@@ -20,10 +20,10 @@ except ImportError:
     raise SystemExit("speculative_example.py needs transformers for its target model: "
                      "pip install transformers (the dev extra has it)") from None
 
-from dspark_compile.artifacts import build_artifact
+from dspark_compile.compile import build_artifact
 from dspark_compile.checkpoint import random_drafter
 from dspark_compile.config import lane_config
-from dspark_compile.generate import generate, target_greedy
+from dspark_compile.speculative import generate, target_greedy
 from dspark_compile.runtime import load_runner
 
 

@@ -9,8 +9,8 @@ import torch
 
 from dspark_compile.checkpoint import random_drafter
 from dspark_compile.draft import DraftStep, KVCache
-from dspark_compile.reference import HostPath
-from dspark_compile.rounds import context_needed, synthetic_rounds
+from dspark_compile.draft import HostPath
+from dspark_compile.tools.rounds import context_needed, synthetic_rounds
 
 # DSPARK_TEST_DEVICE=cuda runs the same tests on a GPU
 DEVICE = torch.device(os.environ.get("DSPARK_TEST_DEVICE", "cpu"))
@@ -62,7 +62,7 @@ def exported_targets():
 
 BUILD = """
 import json, sys
-from dspark_compile.artifacts import build_artifact
+from dspark_compile.compile import build_artifact
 from dspark_compile.checkpoint import random_drafter
 from dspark_compile.config import lane_config
 backend, lane, overrides, root, device, *buckets = sys.argv[1:]
@@ -102,7 +102,7 @@ def fresh_verify():
 
 def run_verify(artifact, *overrides):
     """dspark-verify in a fresh process: (exit code, its JSON report or None, stderr)."""
-    result = subprocess.run([sys.executable, "-m", "dspark_compile.verify", f"artifact={artifact}",
+    result = subprocess.run([sys.executable, "-m", "dspark_compile", "verify", f"artifact={artifact}",
                              f"device={DEVICE.type}", *overrides],
                             capture_output=True, text=True, timeout=600)
     lines = result.stdout.strip().splitlines()

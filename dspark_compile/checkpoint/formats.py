@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from dspark_compile.checkpoint import deepspec, speculators
 from dspark_compile.checkpoint.verifier import EMBED, LM_HEAD, describe, verifier_tensors
-from dspark_compile.checkpoint.weights import WEIGHTS, load_weights, tensor_files
+from dspark_compile.checkpoint.weights import CHECKPOINT_WEIGHTS, load_weights, tensor_files
 from dspark_compile.config import LaneConfig
 from dspark_compile.errors import CheckpointError
 from dspark_compile.model import Drafter
@@ -115,5 +115,5 @@ def save_checkpoint(drafter: Drafter, directory: str | Path,
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-    save_file(tensors, str(directory / WEIGHTS), metadata={"format": "pt"})
+    save_file(tensors, str(directory / CHECKPOINT_WEIGHTS), metadata={"format": "pt"})
     return directory

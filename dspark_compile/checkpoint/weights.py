@@ -21,7 +21,7 @@ from dspark_compile.errors import CheckpointError
 from dspark_compile.model import Drafter
 from dspark_compile.model.vocab import random_d2t
 
-WEIGHTS = "model.safetensors"
+CHECKPOINT_WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 
 
@@ -73,7 +73,7 @@ def tensor_files(directory: Path) -> dict[str, Path]:
     the shards a ``model.safetensors.index.json`` lists."""
     index = directory / INDEX
     if not index.is_file():
-        return {name: directory / WEIGHTS for name in _keys(directory / WEIGHTS)}
+        return {name: directory / CHECKPOINT_WEIGHTS for name in _keys(directory / CHECKPOINT_WEIGHTS)}
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
         files = {name: directory / shard for name, shard in weight_map.items()}

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from dspark_compile.checkpoint import (CONFIG, WEIGHTS, Format, load_checkpoint,
+from dspark_compile.checkpoint import (CONFIG, CHECKPOINT_WEIGHTS, Format, load_checkpoint,
                                        random_drafter, save_checkpoint)
 from dspark_compile.config import lane_config
 from dspark_compile.errors import CheckpointError
@@ -41,7 +41,7 @@ def test_deepspec_round_trip_and_key_layout(tmp_path, head):
     lane = lane_config("tiny", markov_head=head)
     drafter = random_drafter(lane, "cpu", seed=5)
     save_checkpoint(drafter, tmp_path, Format.deepspec)
-    with safe_open(str(tmp_path / WEIGHTS), framework="pt") as f:
+    with safe_open(str(tmp_path / CHECKPOINT_WEIGHTS), framework="pt") as f:
         assert set(f.keys()) == deepspec_keys(lane.num_layers, head)
         assert list(f.get_slice("markov_head.markov_w2.weight").get_shape()) == [
             lane.draft_vocab_size, lane.markov_rank]
@@ -62,7 +62,7 @@ def test_speculators_round_trip_keeps_d2t(tmp_path):
     assert config["aux_hidden_state_layer_ids"] == [i + 1 for i in lane.target_layer_ids]
     assert config["draft_vocab_size"] == 128 and config["sample_from_anchor"] is False
     assert config["transformer_layer_config"]["vocab_size"] == 512
-    tensors = load_file(str(tmp_path / WEIGHTS))
+    tensors = load_file(str(tmp_path / CHECKPOINT_WEIGHTS))
     assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
     assert int(tensors["t2d"].sum()) == lane.draft_vocab_size
     loaded = load_checkpoint(tmp_path, lane_config("tiny"), "cpu")
@@ -83,9 +83,9 @@ def test_reduced_vocabulary_needs_the_speculators_format(tmp_path):
 
 
 def rewrite_weights(path, change):
-    tensors = load_file(str(path / WEIGHTS))
+    tensors = load_file(str(path / CHECKPOINT_WEIGHTS))
     change(tensors)
-    save_file(tensors, str(path / WEIGHTS))
+    save_file(tensors, str(path / CHECKPOINT_WEIGHTS))
 
 
 def test_shape_mismatch_names_key_and_both_shapes(tmp_path):
@@ -115,8 +115,8 @@ def test_missing_and_unexpected_keys_are_named(tmp_path):
 def test_damaged_checkpoints_raise_checkpoint_error(tmp_path, damage):
     save_checkpoint(random_drafter(lane_config("tiny"), "cpu"), tmp_path)
     if damage == "truncate":
-        data = (tmp_path / WEIGHTS).read_bytes()
-        (tmp_path / WEIGHTS).write_bytes(data[: len(data) // 2])
+        data = (tmp_path / CHECKPOINT_WEIGHTS).read_bytes()
+        (tmp_path / CHECKPOINT_WEIGHTS).write_bytes(data[: len(data) // 2])
     elif damage == "garble_config":
         (tmp_path / CONFIG).write_text("{not json")
     else:
@@ -149,7 +149,7 @@ class Files(dict):
 def pristine(tmp_path_factory):
     path = tmp_path_factory.mktemp("pristine")
     save_checkpoint(random_drafter(lane_config("tiny_d2t"), "cpu", seed=3), path, "speculators")
-    return Files({name: (path / name).read_bytes() for name in (CONFIG, WEIGHTS)})
+    return Files({name: (path / name).read_bytes() for name in (CONFIG, CHECKPOINT_WEIGHTS)})
 
 
 JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-10**12, 10**12)
@@ -161,7 +161,7 @@ JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-10**12, 10**
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_fuzzed_checkpoints_load_or_raise_checkpoint_error(pristine, tmp_path, data):
-    weights, config = pristine[WEIGHTS], json.loads(pristine[CONFIG])
+    weights, config = pristine[CHECKPOINT_WEIGHTS], json.loads(pristine[CONFIG])
     damage = data.draw(st.sampled_from(["truncate", "flip", "field", "json"]))
     if damage == "truncate":
         weights = weights[:data.draw(st.integers(0, len(weights) - 1))]
@@ -174,7 +174,7 @@ def test_fuzzed_checkpoints_load_or_raise_checkpoint_error(pristine, tmp_path, d
     text = json.dumps(config)
     if damage == "json":
         text = text[:data.draw(st.integers(0, len(text) - 1))]
-    (tmp_path / WEIGHTS).write_bytes(weights)
+    (tmp_path / CHECKPOINT_WEIGHTS).write_bytes(weights)
     (tmp_path / CONFIG).write_text(text)
     try:
         drafter = load_checkpoint(tmp_path, lane_config("tiny"), "cpu")

@@ -11,9 +11,10 @@ from transformers.activations import ACT2FN
 
 from dspark_compile.checkpoint import cast_drafter, random_drafter
 from dspark_compile.config import lane_config
-from dspark_compile.draft import KVCache, markov_loop
+from dspark_compile.draft import KVCache
+from dspark_compile.draft.markov import markov_loop
 from dspark_compile.model.masks import attention_masks, flex_block_mask
-from dspark_compile.rounds import context_needed, synthetic_rounds
+from dspark_compile.tools.rounds import context_needed, synthetic_rounds
 
 
 SLIDING = {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 20}

@@ -1,0 +1,66 @@
+"""Torch-TensorRT, dynamo path: ``torch.export``, ``torch_tensorrt.dynamo.compile``, saved
+as an exported program. An optional extra: ``pip install 'dspark-compile[tensorrt]'``.
+
+Written against Torch-TensorRT's documented API; the machines this project is tested on
+have no TensorRT libraries, so this backend has not run here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from dspark_compile.compile.backends import FunctionalDraftStep
+from dspark_compile.draft import DraftStep
+from dspark_compile.errors import ConfigError, MissingBackendError
+from dspark_compile import progress
+
+DEVICES = ("cuda",)
+INSTALL = "pip install 'dspark-compile[tensorrt]' (a torch-tensorrt build matching your torch)"
+
+
+def _torch_tensorrt():
+    try:
+        import torch_tensorrt
+    except ImportError as err:
+        raise MissingBackendError(f"backend 'tensorrt' needs Torch-TensorRT: {INSTALL}") from err
+    return torch_tensorrt
+
+
+def _program(out_dir: Path, bucket: int) -> Path:
+    return out_dir / f"bucket{bucket}.ep"
+
+
+def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
+    if step.drafter.lane.flex_attention:
+        raise ConfigError("backend 'tensorrt' cannot compile FlexAttention: build this lane "
+                          "with lane.flex_attention=false")
+    trt = _torch_tensorrt()
+    dtype = step.drafter.lane.torch_dtype
+    for bucket, i, n in progress.buckets(examples):
+        progress.phase(f"exporting and compiling bucket {bucket} with TensorRT ({i}/{n})")
+        example = examples[bucket]
+        with torch.no_grad():
+            program = torch.export.export(FunctionalDraftStep(step), example, strict=False)
+            module = trt.dynamo.compile(program, arg_inputs=list(example),
+                                        enabled_precisions={dtype})
+        trt.save(module, str(_program(out_dir, bucket)), output_format="exported_program",
+                 arg_inputs=list(example))
+
+
+def load(out_dir: Path, step: DraftStep, buckets: list[int]) -> dict[int, Callable]:
+    trt = _torch_tensorrt()
+    runners = {}
+    for bucket in buckets:
+        module = trt.load(str(_program(out_dir, bucket))).module()
+
+        def run(k_cache: Tensor, v_cache: Tensor, *inputs: Tensor, module=module):
+            *outputs, k_out, v_out = module(k_cache, v_cache, *inputs)
+            k_cache.copy_(k_out)
+            v_cache.copy_(v_out)
+            return tuple(outputs)
+        runners[bucket] = run
+    return runners

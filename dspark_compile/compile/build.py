@@ -1,0 +1,46 @@
+"""Building an artifact: the drafter's weights and one backend's compiled draft step for
+each batch bucket, in the store under its key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dspark_compile import progress
+from dspark_compile.checkpoint import cast_drafter
+from dspark_compile.compile.backends import example_inputs, get_backend
+from dspark_compile.compile.key import ArtifactKey, environment, tensors_sha256
+from dspark_compile.compile.store import build_or_reuse, save_weights
+from dspark_compile.draft import DraftStep
+from dspark_compile.errors import ConfigError
+from dspark_compile.model import Drafter
+
+
+def build_artifact(drafter: Drafter, backend_name: str, buckets: list[int],
+                   root: str | Path, with_probs: bool = False) -> tuple[Path, bool]:
+    """Compile ``drafter``'s draft step with one backend for these batch buckets, or reuse
+    the artifact already built for the same key. Returns its directory and whether it was
+    built. ``with_probs``: the step also returns q, for rejection sampling."""
+    backend = get_backend(backend_name)
+    device = drafter.fc.weight.device
+    devices = getattr(backend, "DEVICES", ("cpu", "cuda"))
+    if device.type not in devices:
+        raise ConfigError(f"backend {backend_name!r} runs on {' or '.join(devices)}, "
+                          f"not {device.type}")
+    if getattr(backend, "DTYPE", drafter.lane.dtype) != drafter.lane.dtype:
+        drafter = cast_drafter(drafter, backend.DTYPE)
+    lane = drafter.lane
+    buckets = sorted(set(buckets))
+    if not buckets or buckets[0] < 1 or buckets[-1] > lane.max_batch:
+        raise ConfigError(f"buckets {buckets}: each must be in [1, lane.max_batch="
+                          f"{lane.max_batch}]")
+    weights = drafter.state_dict()
+    key = ArtifactKey(lane.to_dict(), tensors_sha256(weights), backend_name, tuple(buckets),
+                      environment(device), with_probs)
+
+    def write(tmp: Path) -> None:
+        progress.phase("writing the weights")
+        save_weights(weights, tmp)
+        examples = {b: example_inputs(lane, b, device) for b in buckets}
+        backend.compile(DraftStep(drafter, with_probs), examples, tmp)
+
+    return build_or_reuse(key, Path(root), write)

@@ -1,0 +1,117 @@
+"""What an artifact is the build of: its key (lane, weights, backend, buckets, environment)
+and the fingerprint of the environment and of this package's draft-step source, so another
+environment or another version of the draft step never finds, and never loads, this one's
+code."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT_VERSION = 1
+
+
+def compiled_sources() -> list[Path]:
+    """This package's modules that the draft step and the backends import, transitively:
+    the source that defines what gets compiled."""
+    package = Path(__file__).resolve().parents[1]
+    todo = [*package.glob("draft/*.py"), *package.glob("compile/backends/*.py")]
+    seen: set[Path] = set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for name in names:
+                if name.startswith("dspark_compile."):
+                    module = package.joinpath(*name.split(".")[1:])
+                    todo += [p for p in (module.with_suffix(".py"), module / "__init__.py")
+                             if p.is_file()]
+    return sorted(seen)
+
+
+def code_fingerprint() -> str:
+    """sha256 of :func:`compiled_sources`: a change to the draft step's arithmetic makes a
+    new key, so an artifact of older code is never reused."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in compiled_sources():
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def environment(device: torch.device | str) -> dict[str, Any]:
+    """What compiled code depends on, for ``device``: versions, hardware, our own source."""
+    device = torch.device(device)
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+                           "triton": triton_version, "cuda": torch.version.cuda,
+                           "dspark_code": code_fingerprint(), "device_type": device.type}
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        env.update(gpu=torch.cuda.get_device_name(device), capability=f"{major}.{minor}")
+    else:
+        env.update(machine=platform.machine(), cpu_isa=torch.backends.cpu.get_cpu_capability())
+    return env
+
+
+def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over names, dtypes, shapes and raw bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous()
+        digest.update(f"{name}|{t.dtype}|{list(t.shape)}|".encode())
+        digest.update(t.view(torch.uint8).cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ArtifactKey:
+    lane: dict[str, Any]
+    weights_sha256: str
+    backend: str
+    buckets: tuple[int, ...]
+    env: dict[str, Any]
+    with_probs: bool = False  # the step also returns the draft distribution q
+
+    def digest(self) -> str:
+        return _digest([FORMAT_VERSION, self.lane, self.weights_sha256, self.backend,
+                        list(self.buckets), self.env, self.with_probs])
+
+    def directory(self, root: Path) -> Path:
+        lane_hash = _digest([FORMAT_VERSION, self.lane, self.weights_sha256, self.env])[:12]
+        backend = self.backend + ("-probs" if self.with_probs else "")
+        return (Path(root) / f"{self.lane['name']}-{lane_hash}" / backend
+                / "-".join(map(str, self.buckets)))
+
+

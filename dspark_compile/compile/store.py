@@ -1,0 +1,162 @@
+"""The artifact store: ``<root>/<lane>-<lanehash>/<backend>/<b1-b2-..>/`` holding
+``manifest.json``, the drafter's ``weights.safetensors`` and the backend's payload. Builds
+become visible by one atomic rename, concurrent builders of a key wait on a file lock, and
+a read checks the manifest, the environment and every file's sha256 before use."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+from safetensors.torch import save_file
+
+from dspark_compile import progress
+from dspark_compile.compile.key import FORMAT_VERSION, ArtifactKey, file_sha256
+from dspark_compile.errors import ArtifactError
+
+MANIFEST = "manifest.json"
+ARTIFACT_WEIGHTS = "weights.safetensors"
+
+
+def build_or_reuse(key: ArtifactKey, root: Path,
+                   write: Callable[[Path], None]) -> tuple[Path, bool]:
+    """The artifact for ``key`` under ``root``: reused when a valid one exists, else built.
+
+    ``write(tmp_dir)`` fills a private temporary directory, which becomes visible by one
+    rename once its manifest is written; a file lock makes concurrent builders of one key
+    wait for each other, so they all end with the same artifact.
+    """
+    final = key.directory(root)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    locks = Path(root) / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with locked(locks / f"{final.parent.parent.name}.{final.parent.name}.{final.name}"):
+        _remove_stale_temporaries(final)
+        if final.exists():
+            try:
+                found = read_manifest(final, key.env)
+                if found["key"] != key.digest():
+                    raise ArtifactError(
+                        f"its manifest is of another key (lane {found['lane'].get('name')!r}, "
+                        f"backend {found['backend']!r}, buckets {found['buckets']})")
+                return final, False
+            except ArtifactError as err:
+                print(f"rebuilding {final}: {err}", file=sys.stderr)
+                shutil.rmtree(final)
+        tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            start = time.perf_counter()
+            with progress.reporting(f"building {key.backend} {final.name}"):
+                write(tmp)
+                progress.phase("hashing the files")
+                files = {p.name: file_sha256(p) for p in sorted(tmp.iterdir())
+                         if p.is_file()}
+            manifest = {"format_version": FORMAT_VERSION, "key": key.digest(), "lane": key.lane,
+                        "weights_sha256": key.weights_sha256, "backend": key.backend,
+                        "buckets": list(key.buckets), "with_probs": key.with_probs,
+                        "dtype": key.lane["dtype"],
+                        "k": key.lane["k"], "env": key.env, "files": files,
+                        "build_seconds": round(time.perf_counter() - start, 3)}
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+            os.rename(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final, True
+
+
+def save_weights(tensors: dict[str, torch.Tensor], directory: Path) -> None:
+    path = directory / ARTIFACT_WEIGHTS
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path))
+    # safetensors writes 0600; a shared artifacts_dir needs the umask's mode
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
+
+
+def read_manifest(directory: Path, env: dict[str, Any]) -> dict[str, Any]:
+    """The manifest of ``directory`` once it and every file it names check out, else
+    :class:`ArtifactError` saying what is wrong."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise ArtifactError(f"{directory}: no {MANIFEST}: not an artifact, or a half-written "
+                            "one (builds become visible only when complete)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ArtifactError(f"{path}: unreadable manifest: {err}") from err
+    _check_schema(manifest, path)
+    if manifest["format_version"] != FORMAT_VERSION:
+        raise ArtifactError(f"{path}: artifact format {manifest['format_version']}, this "
+                            f"dspark-compile reads format {FORMAT_VERSION}; rebuild it")
+    differs = [f"{name}: artifact {manifest['env'].get(name)!r}, running {value!r}"
+               for name, value in env.items() if manifest["env"].get(name) != value]
+    if differs:
+        raise ArtifactError(f"{directory} was built in another environment; rebuild it "
+                            f"here. Differs: {'; '.join(differs)}")
+    key = ArtifactKey(manifest["lane"], manifest["weights_sha256"], manifest["backend"],
+                      tuple(manifest["buckets"]), manifest["env"], manifest["with_probs"])
+    if key.digest() != manifest["key"]:
+        raise ArtifactError(f"{path}: the manifest does not match its key: it was edited or "
+                            "damaged; rebuild the artifact")
+    for name, sha in manifest["files"].items():
+        if not _plain_name(name):
+            raise ArtifactError(f"{path}: file name {name!r} points outside the artifact")
+        if not (directory / name).is_file():
+            raise ArtifactError(f"{directory}: {name} is missing")
+        if file_sha256(directory / name) != sha:
+            raise ArtifactError(f"{directory}: {name} fails its sha256 check (corrupted or "
+                                "modified); rebuild the artifact")
+    if ARTIFACT_WEIGHTS not in manifest["files"]:
+        raise ArtifactError(f"{path}: lists no {ARTIFACT_WEIGHTS}")
+    return manifest
+
+
+_SCHEMA = {"format_version": int, "key": str, "lane": dict, "weights_sha256": str,
+           "backend": str, "buckets": list, "with_probs": bool, "dtype": str, "k": int,
+           "env": dict, "files": dict}
+
+
+def _check_schema(manifest: Any, path: Path) -> None:
+    if not isinstance(manifest, dict):
+        raise ArtifactError(f"{path}: manifest is not a JSON object")
+    for field, kind in _SCHEMA.items():
+        if not isinstance(manifest.get(field), kind):
+            raise ArtifactError(f"{path}: field {field!r} missing or not a {kind.__name__}")
+    buckets = manifest["buckets"]
+    if not buckets or not all(isinstance(b, int) and b >= 1 for b in buckets):
+        raise ArtifactError(f"{path}: buckets must be positive integers, got {buckets!r}")
+    if not all(isinstance(v, str) for v in manifest["files"].values()):
+        raise ArtifactError(f"{path}: files must map names to sha256 strings")
+
+
+def _plain_name(name: str) -> bool:
+    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` (created if missing) between processes."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _remove_stale_temporaries(final: Path) -> None:
+    """Temporary directories of builds that died midway: a live builder holds the lock we
+    hold now, so any temporary left for this key is stale."""
+    for tmp in final.parent.glob(f".{final.name}.tmp-*"):
+        shutil.rmtree(tmp, ignore_errors=True)

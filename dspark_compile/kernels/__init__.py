@@ -1,0 +1,1 @@
+"""Kernels of our own, registered as custom ops that every backend keeps in its graph."""

@@ -1,0 +1,90 @@
+"""The k-step Markov walk (vanilla head, bf16) in Triton: the op ``dspark::markov_walk``.
+
+Two kernels, one arithmetic. Where W2 is larger than the GPU's shared memory (the 27B
+lane's 127 MB) each step is one launch (``_markov_step_kernel``) that streams W2: its
+programs split the draft vocabulary into runs of tiles, and the last program to finish
+(an atomic count) reduces the programs' bests and writes the id the next launch reads as
+its ``prev``. Where W2 fits (the 35B-A3B lane's 16 MB over 125 programs) one launch walks
+all k steps (``_markov_walk_kernel``): each program reads its tile of W2 once and keeps it
+in shared memory, and between steps every program waits until all have published their
+bests, then reduces them itself.
+
+Per tile, a program multiplies the ``W1[prev]`` rows it gathered once against the tile of
+W2 on the tensor cores, rounds the bias to bf16, adds the step's base row and rounds again
+(a bf16 ``+``). Greedy rows compare the bf16 values in fp32, exactly: a streaming program
+keeps the best value and first column of each of a tile's column slots, elementwise, and
+reduces across the slots once, after its run of tiles. Sampled rows (T > 0) score
+``z / T + G`` in float64 as the reference does, but only where it can matter: one pass
+over an fp32 estimate of every column's score finds the tile's leader, the runner-up and
+so whether the leader is alone, and whether the tile can beat the best so far at all;
+only then is the leader scored in float64, or every column of a tile whose estimates
+leave two contenders. The reduction over programs lets the lowest index win ties as
+:func:`dspark_compile.draft.sampling.first_argmax` does and maps the id through
+d2t. No ``[R, V]`` row is written, and only ``[R, k]`` target ids leave the op.
+
+``torch.library.triton_op`` lets ``torch.compile``, ``torch.export`` and AOTInductor see
+the kernel and keep it inside their graphs; its fake implementation comes from tracing.
+Off CUDA the walk stays :func:`dspark_compile.draft.markov.markov_loop`, the reference this
+kernel is tested against.
+
+Arithmetic: the bias is summed in fp32 like cuBLAS's bf16 GEMV, but in the tensor cores'
+order, so its bf16 rounding can differ from the reference's in rare elements (two fp32
+orders disagreed on about 7 in 100,000 on random weights); a token changes only where such
+an element decides a near-tie. The benchmark and dspark-verify report the near-ties they meet.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from dspark_compile.kernels.markov import launch
+
+try:
+    import triton
+except ImportError:  # the CPU wheels of torch come without Triton
+    triton = None
+
+if triton is not None:
+    from dspark_compile.kernels.markov.kernels import _markov_step_kernel, _markov_walk_kernel
+
+    @torch.library.triton_op("dspark::markov_walk", mutates_args=())
+    def markov_walk(w1: Tensor, w2: Tensor, base: Tensor, anchor: Tensor, temperature: Tensor,
+                    seed: Tensor, anchor_pos: Tensor, d2t: Optional[Tensor]) -> Tensor:
+        """Target ids ``[R, k]`` of the k vanilla Markov steps from ``anchor`` over the base
+        logits ``base [R, k, V]`` (see the module docstring)."""
+        R, k, V = base.shape
+        sms = (torch.cuda.get_device_properties(base.device).multi_processor_count
+               if base.is_cuda else 1)  # the interpreter's programs run one by one
+        shape = launch.launch_shape(R, V, w1.shape[1], sms)
+        programs, run = launch.grid(shape, triton.cdiv(V, shape.block), sms)
+        slots = (1 + shape.resident) * shape.rows * programs  # see the walk kernel
+        best = torch.empty(slots, dtype=torch.float64, device=base.device)
+        index = torch.empty(slots, dtype=torch.int32, device=base.device)
+        count = torch.zeros(k, dtype=torch.int32, device=base.device)
+        ids = torch.empty(R, k, dtype=torch.int64, device=base.device)
+        # the kernel reads every [R] input with stride 1, W1 / W2 rows and base rows packed
+        base, anchor, temperature, seed, anchor_pos, w1, w2 = (
+            t.contiguous() for t in (base, anchor, temperature, seed, anchor_pos, w1, w2))
+        args = (w1, w2, base, anchor, temperature, seed, anchor_pos,
+                anchor if d2t is None else d2t, best, index, count, ids, R, V)
+        options = dict(RANK=w1.shape[1], R_PAD=shape.rows, BLOCK=shape.block,
+                       PROGRAMS=programs, PARTS=launch.reduction_chunk(shape, programs),
+                       HAS_D2T=d2t is not None, num_warps=shape.warps,
+                       num_stages=shape.stages)
+        if shape.resident:
+            torch.library.wrap_triton(_markov_walk_kernel)[(programs,)](
+                *args, base.stride(0), K=k, **options)
+        else:
+            for step in range(k):
+                torch.library.wrap_triton(_markov_step_kernel)[(programs,)](
+                    *args, k, base.stride(0), step, RUN=run, **options)
+        return ids
+
+
+else:
+
+    def markov_walk(*args: object) -> Tensor:
+        raise RuntimeError("the fused Markov step needs Triton on CUDA: pip install triton")

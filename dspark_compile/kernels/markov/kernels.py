@@ -1,0 +1,121 @@
+"""The two Markov kernels: one launch per step streaming W2, or one launch for the whole
+walk with W2 resident in shared memory (see :mod:`dspark_compile.kernels.markov`)."""
+
+import triton
+import triton.language as tl
+
+from dspark_compile.kernels.markov.tiles import (_base_tile, _merge, _mix, _publish, _reduce, _round_bf16, _row_inputs, _sampled_update, _tile_values)
+
+
+@triton.jit
+def _markov_step_kernel(w1_ptr, w2_ptr, base_ptr, anchor_ptr, temperature_ptr, seed_ptr,
+                        position_ptr, d2t_ptr, best_ptr, index_ptr, count_ptr, ids_ptr,
+                        R, V, k, base_stride, step, RANK: tl.constexpr,
+                        R_PAD: tl.constexpr, BLOCK: tl.constexpr, RUN: tl.constexpr,
+                        PROGRAMS: tl.constexpr, PARTS: tl.constexpr,
+                        HAS_D2T: tl.constexpr):
+    # One step: this program's run of RUN tiles of W2, streamed.
+    program = tl.program_id(0)
+    rows = tl.arange(0, R_PAD)
+    row_ok = rows < R
+    # prev: the anchor at step 0, else the id the previous launch wrote
+    prev = tl.load(anchor_ptr + rows, mask=row_ok & (step == 0), other=0)
+    prev += tl.load(ids_ptr + rows * k + step - 1, mask=row_ok & (step > 0), other=0)
+    # W1[prev], once per program: every tile multiplies it
+    e = tl.load(w1_ptr + prev[:, None] * RANK + tl.arange(0, RANK)[None, :],
+                mask=row_ok[:, None], other=0.0)
+    t, hot, any_hot, key = _row_inputs(temperature_ptr, seed_ptr, position_ptr, rows,
+                                       row_ok)
+    base_row_ptr = base_ptr + rows * base_stride + step * V
+    row_key = _mix(key ^ step)
+    best = tl.full((R_PAD,), float("-inf"), tl.float64)
+    index = tl.zeros((R_PAD,), tl.int32)
+    # Greedy rows keep, in each of the BLOCK column slots, the best value and its first
+    # column: elementwise per tile, reduced across the slots once, after the run.
+    top = tl.full((R_PAD, BLOCK), float("-inf"), tl.float32)
+    top_col = tl.zeros((R_PAD, BLOCK), tl.int32)
+    # The base tile is loaded one tile ahead: Triton's pipeline prefetches only the
+    # loads that feed tl.dot, and this one would otherwise stall every tile.
+    next_base = _base_tile(base_row_ptr, program * RUN, V, row_ok, BLOCK)
+    for nth in range(RUN):  # a run of RUN tiles; any past the vocabulary is all masked
+        tile = program * RUN + nth
+        base = next_base
+        next_base = _base_tile(base_row_ptr, tile + 1, V, row_ok & (nth + 1 < RUN), BLOCK)
+        cols = tile * BLOCK + tl.arange(0, BLOCK)
+        w2 = tl.load(w2_ptr + cols[:, None] * RANK + tl.arange(0, RANK)[None, :],
+                     mask=(cols < V)[:, None], other=0.0)
+        bias = _round_bf16(tl.dot(e, tl.trans(w2), out_dtype=tl.float32))
+        z = _tile_values(bias, base, tile, V, BLOCK)
+        ahead = z > top  # tiles come in column order: a tie keeps the earlier column
+        top = tl.where(ahead, z, top)
+        top_col = tl.where(ahead, cols[None, :], top_col)
+        best, index = _sampled_update(best, index, z, tile, V, t, hot, any_hot, row_key,
+                                      BLOCK)
+    greedy = tl.max(top, axis=1)
+    best, index = _merge(hot, best, index, greedy,
+                         tl.min(tl.where(top == greedy[:, None], top_col, V), axis=1))
+    _publish(best, index, best_ptr, index_ptr, rows, program, PROGRAMS)
+    # The last program to count itself reduces the step (the pattern of Inductor's grid
+    # barrier: a CTA barrier, then a release / acquire atomic).
+    tl.debug_barrier()
+    if tl.atomic_add(count_ptr + step, 1, sem="acq_rel") == PROGRAMS - 1:
+        tl.debug_barrier()
+        draft = _reduce(best_ptr, index_ptr, d2t_ptr, rows, R, V, PROGRAMS, PARTS, HAS_D2T)
+        tl.store(ids_ptr + rows * k + step, draft, mask=rows < R)
+
+@triton.jit
+def _markov_walk_kernel(w1_ptr, w2_ptr, base_ptr, anchor_ptr, temperature_ptr, seed_ptr,
+                        position_ptr, d2t_ptr, best_ptr, index_ptr, count_ptr, ids_ptr,
+                        R: tl.constexpr, V, base_stride, K: tl.constexpr,
+                        RANK: tl.constexpr, R_PAD: tl.constexpr, BLOCK: tl.constexpr,
+                        PROGRAMS: tl.constexpr, PARTS: tl.constexpr,
+                        HAS_D2T: tl.constexpr):
+    # All K steps: this program's BLOCK columns of W2 are read once and stay on chip;
+    # between steps every program waits for all to publish their bests. Every program
+    # must be resident at once (PROGRAMS <= multiprocessors). R is a compile-time
+    # constant here, one kernel per batch, so that the row masks fold away and the
+    # reduction loads only the requests' rows: every program reads them from the same
+    # lines of L2 each step (1.05x-1.2x faster on the H200 at 16 to 1 rows,
+    # bench/results/issue5_h200/rows/).
+    program = tl.program_id(0)
+    rows = tl.arange(0, R_PAD)
+    row_ok = rows < R
+    t, hot, any_hot, key = _row_inputs(temperature_ptr, seed_ptr, position_ptr, rows,
+                                       row_ok)
+    cols = program * BLOCK + tl.arange(0, BLOCK)
+    w2 = tl.load(w2_ptr + cols[:, None] * RANK + tl.arange(0, RANK)[None, :],
+                 mask=(cols < V)[:, None], other=0.0)
+    prev = tl.load(anchor_ptr + rows, mask=row_ok, other=0)
+    e = tl.load(w1_ptr + prev[:, None] * RANK + tl.arange(0, RANK)[None, :],
+                mask=row_ok[:, None], other=0.0)
+    next_base = _base_tile(base_ptr + rows * base_stride, program, V, row_ok, BLOCK)
+    for step in range(K):
+        base = next_base  # loaded a step ahead, while the programs wait
+        next_base = _base_tile(base_ptr + rows * base_stride + (step + 1) * V, program, V,
+                               row_ok & (step + 1 < K), BLOCK)
+        # W2's columns as the tensor cores' left operand, read from shared memory
+        bias = _round_bf16(tl.trans(tl.dot(w2, tl.trans(e), out_dtype=tl.float32)))
+        z = _tile_values(bias, base, program, V, BLOCK)
+        greedy, greedy_index = tl.max(z, axis=1, return_indices=True,
+                                      return_indices_tie_break_left=True)
+        best, index = _sampled_update(tl.full((R_PAD,), float("-inf"), tl.float64),
+                                      tl.zeros((R_PAD,), tl.int32), z, program, V, t, hot,
+                                      any_hot, _mix(key ^ step), BLOCK)
+        best, index = _merge(hot, best, index, greedy, greedy_index + program * BLOCK)
+        # Every program reduces the step itself once all have published: no program
+        # waits on another's reduction. Bests alternate between two slots by step, as a
+        # program can publish the next step while another still reads this one.
+        slot = (step % 2) * R_PAD * PROGRAMS
+        _publish(best, index, best_ptr + slot, index_ptr + slot, rows, program, PROGRAMS)
+        tl.debug_barrier()
+        tl.atomic_add(count_ptr + step, 1, sem="release")
+        arrived = False
+        while not arrived:
+            arrived = tl.atomic_add(count_ptr + step, 0, sem="acquire") == PROGRAMS
+        prev = _reduce(best_ptr + slot, index_ptr + slot, d2t_ptr, rows, R, V, PROGRAMS,
+                       PARTS, HAS_D2T)
+        # the next step's W1[prev] first, as early as it is known
+        e = tl.load(w1_ptr + prev[:, None] * RANK + tl.arange(0, RANK)[None, :],
+                    mask=row_ok[:, None] & (step + 1 < K), other=0.0)
+        if program == 0:
+            tl.store(ids_ptr + rows * K + step, prev, mask=row_ok)

@@ -1,0 +1,51 @@
+"""A draft step bound to fixed buffers, and recorded as one CUDA graph where it runs on a
+GPU: the one place the runtime captures."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+
+def bind(step: Callable, args: tuple[Tensor, ...], capture: bool,
+         pool: Optional[tuple[int, int]] = None) -> Callable[[], tuple[Tensor, ...]]:
+    """``step`` on fixed buffers ``args``, as a call with no arguments that runs it on
+    whatever the buffers hold now.
+
+    It runs ``step`` three times first: lazy initialisation (cuBLAS handles, workspaces)
+    happens here, and a reduce-overhead step has recorded its own CUDA graph by its third
+    call. With ``capture`` the call is then recorded as one CUDA graph, and each call
+    replays it and returns the same output tensors. The buffers must hold an inert round.
+    """
+    if not capture:
+        for _ in range(3):
+            step(*args)
+        return lambda: step(*args)
+    side = torch.cuda.Stream()  # warm up off the default stream, as graph capture wants
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = step(*args)
+
+    def replay() -> tuple[Tensor, ...]:
+        graph.replay()
+        return outputs
+    return replay
+
+
+def copy_into(buffers: Sequence[Tensor], tensors: Sequence[Tensor]) -> None:
+    """Copy each tensor into its buffer of the same shape and dtype (a buffer passed as its
+    own tensor is skipped). Where all are contiguous, as bytes: then they share one dtype,
+    which CUDA copies in one multi-tensor kernel, where mixed dtypes take a memcpy each."""
+    pairs = [(buffer, tensor) for buffer, tensor in zip(buffers, tensors, strict=True)
+             if buffer is not tensor]
+    if all(tensor.is_contiguous() for _, tensor in pairs):
+        pairs = [(buffer.view(torch.uint8), tensor.view(torch.uint8))
+                 for buffer, tensor in pairs]
+    torch._foreach_copy_([buffer for buffer, _ in pairs], [tensor for _, tensor in pairs])

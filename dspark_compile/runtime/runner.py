@@ -1,0 +1,216 @@
+"""The runner: slots for requests that come and go, one KV cache, and one bound draft step
+per batch bucket."""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import dataclasses
+import threading
+from typing import Callable, Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from dspark_compile.config import LaneConfig
+from dspark_compile.draft import DraftOutput, KVCache, RoundInputs
+from dspark_compile.draft.checks import RULES, check_input_shapes, check_rules, round_rules
+from dspark_compile.draft.inputs import greedy_defaults
+from dspark_compile.errors import InputError, RunnerBusyError
+from dspark_compile.model import Drafter
+from dspark_compile.runtime.capture import bind, copy_into
+
+
+class Runner:
+    """Drafts with one artifact, for requests that come and go.
+
+    ``admit()`` gives a request a slot; ``draft(inputs, slots)`` drafts one round for some
+    admitted slots (row i of ``inputs`` belongs to ``slots[i]``); ``release(slot)`` frees
+    it. Each slot owns one row of the runner's KV cache, which holds as many rows as the
+    largest bucket. Rows are kept dense: releasing a slot moves the last row into the hole,
+    so a round always runs the smallest bucket that covers every admitted slot. Rows that
+    take no part in a round are inert: no new context, and an anchor at the context
+    capacity, so their block K/V land in scratch slots only and their outputs are dropped.
+
+    Each bucket's step is bound to fixed buffers (the first rows of the cache and six
+    input tensors): a round copies its inputs in and, on a GPU, replays one CUDA graph
+    (captured here around an eager or AOTInductor step, or the reduce-overhead graph the
+    ``inductor`` step records itself). Only ids and confidences come back to the host,
+    through pinned buffers; the tensors ``draft`` returns are the caller's to keep.
+    A round whose features do not have k+1 rows (a prompt) is first appended eagerly
+    (prefill), then the bound step runs with no new rows.
+
+    Threading: a runner is not thread-safe. A call made while another thread is inside
+    the same runner raises :class:`RunnerBusyError` instead of waiting or corrupting state;
+    use one runner per thread, or serialise the calls.
+    """
+
+    def __init__(self, manifest: dict, drafter: Drafter, steps: dict[int, Callable],
+                 device: torch.device, capture: bool):
+        self.manifest = manifest
+        self.lane: LaneConfig = drafter.lane
+        self.drafter = drafter
+        self.buckets = sorted(steps)
+        self.device = device
+        self.cache = KVCache.allocate(self.lane, self.buckets[-1], device)
+        self.max_context = self.cache.k.shape[3] - self.lane.block_rows - 1
+        self._rows: dict[int, int] = {}  # slot -> cache row; rows 0..len-1 are taken
+        self._next_slot = 0
+        self._busy = threading.Lock()
+        pinned = device.type == "cuda"
+        pool = torch.cuda.graph_pool_handle() if capture else None  # buckets share memory
+        self._inputs: dict[int, tuple[Tensor, ...]] = {}
+        self._calls: dict[int, Callable[[], tuple[Tensor, ...]]] = {}
+        self._host: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
+        self._defaults: dict[int, tuple[Tensor, Tensor]] = {}  # requests -> (T, seed) zeros
+        with torch.no_grad():
+            for bucket in self.buckets:
+                self._inputs[bucket] = self._inert(bucket)
+                args = (self.cache.k[:bucket], self.cache.v[:bucket], *self._inputs[bucket])
+                self._calls[bucket] = bind(steps[bucket], args, capture, pool)
+                self._host[bucket] = (
+                    torch.empty(bucket, self.lane.k, dtype=torch.long, pin_memory=pinned),
+                    torch.empty(bucket, self.lane.k, dtype=torch.float32, pin_memory=pinned),
+                    torch.empty(len(RULES), dtype=torch.bool, pin_memory=pinned))
+
+    def _inert(self, bucket: int) -> tuple[Tensor, ...]:
+        lane, device = self.lane, self.device
+        zeros = torch.zeros(bucket, dtype=torch.long, device=device)
+        features = torch.zeros(bucket, lane.k + 1, lane.feature_size, dtype=lane.torch_dtype,
+                               device=device)
+        return RoundInputs(features, zeros, zeros.clone(), zeros + self.max_context).tensors()
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        if not self._busy.acquire(blocking=False):
+            raise RunnerBusyError("this Runner is already running a call in another thread; "
+                                  "a Runner is not thread-safe: use one per thread or "
+                                  "serialise the calls")
+        try:
+            yield
+        finally:
+            self._busy.release()
+
+    def admit(self) -> int:
+        """A new request's slot (its KV row starts empty: its first round is its prompt)."""
+        with self._exclusive():
+            if len(self._rows) == self.buckets[-1]:
+                raise InputError("slots", f"all {self.buckets[-1]} rows in use",
+                                 "release a slot first (capacity = the largest bucket)")
+            slot, self._next_slot = self._next_slot, self._next_slot + 1
+            self._rows[slot] = len(self._rows)
+            return slot
+
+    def release(self, slot: int) -> None:
+        with self._exclusive():
+            row = self._row(slot)
+            del self._rows[slot]
+            last = len(self._rows)
+            if row != last:  # keep rows dense: the last request moves into the hole
+                moved = next(s for s, r in self._rows.items() if r == last)
+                self.cache.k[row] = self.cache.k[last]
+                self.cache.v[row] = self.cache.v[last]
+                self._rows[moved] = row
+
+    @property
+    def slots(self) -> list[int]:
+        """The admitted slots."""
+        return sorted(self._rows)
+
+    def row_of(self, slot: int) -> int:
+        return self._row(slot)
+
+    def _row(self, slot: int) -> int:
+        if slot not in self._rows:
+            raise InputError("slot", f"{slot!r} is not admitted",
+                             f"one of {sorted(self._rows)}")
+        return self._rows[slot]
+
+    def bucket(self, rows: int) -> int:
+        if not 1 <= rows <= self.buckets[-1]:
+            raise InputError("batch", f"{rows} requests",
+                             f"[1, {self.buckets[-1]}] (the largest bucket)")
+        return self.buckets[bisect.bisect_left(self.buckets, rows)]
+
+    def layout(self, inputs: RoundInputs, slots: Sequence[int]) -> tuple[RoundInputs, Tensor]:
+        """The bucket-sized round the compiled step runs, and the cache row of each input
+        row: every input row at its slot's row, inert rows everywhere else."""
+        rows = torch.tensor([self._row(s) for s in slots], dtype=torch.long,
+                            device=self.device)
+        bucket = self.bucket(len(self._rows))
+        features, num_new, anchor, anchor_pos, temperature, seed = inputs.tensors()
+        full = RoundInputs(
+            features.new_zeros(bucket, *features.shape[1:]).index_copy(0, rows, features),
+            num_new.new_zeros(bucket).index_copy(0, rows, num_new),
+            anchor.new_zeros(bucket).index_copy(0, rows, anchor),
+            anchor_pos.new_full((bucket,), self.max_context).index_copy(0, rows, anchor_pos),
+            temperature.new_zeros(bucket).index_copy(0, rows, temperature),
+            seed.new_zeros(bucket).index_copy(0, rows, seed))
+        return full, rows
+
+    @torch.no_grad()
+    def draft(self, inputs: RoundInputs, slots: Sequence[int]) -> DraftOutput:
+        """One round for ``slots``: ids and confidences on the host, in the order of
+        ``slots`` (q, when the artifact has it, stays on the device)."""
+        with self._exclusive():
+            self._check(inputs, slots)
+            inputs = self._with_defaults(inputs)
+            rows = [self._row(s) for s in slots]
+            if rows == list(range(self.bucket(len(self._rows)))):
+                full = inputs  # the whole bucket in row order: nothing to lay out
+            else:
+                full, _ = self.layout(inputs, slots)
+            return self._run(full, inputs).select(torch.tensor(rows))
+
+    def _check(self, inputs: RoundInputs, slots: Sequence[int]) -> None:
+        if not isinstance(slots, Sequence) or not slots:
+            raise InputError("slots", repr(slots), "a non-empty sequence of admitted slots")
+        for slot in slots:
+            self._row(slot)
+        if len(set(slots)) != len(slots):
+            raise InputError("slots", f"{list(slots)} repeats a slot", "distinct slots")
+        features = inputs.features
+        if isinstance(features, Tensor) and features.dim() == 3 \
+                and features.shape[0] != len(slots):
+            raise InputError("features", f"{features.shape[0]} rows for {len(slots)} slots",
+                             "one row per slot")
+        # shapes here, values by the step itself (_run)
+        check_input_shapes(self.lane, inputs, self.cache.k.device)
+
+    def _with_defaults(self, inputs: RoundInputs) -> RoundInputs:
+        """``inputs`` with a default temperature and seed (zeros) that the runner keeps, so
+        that a round allocates and fills nothing for them."""
+        if inputs.temperature is not None and inputs.seed is not None:
+            return inputs
+        rows = inputs.anchor.shape[0]
+        if rows not in self._defaults:
+            self._defaults[rows] = greedy_defaults(rows, self.device)
+        temperature, seed = self._defaults[rows]
+        return dataclasses.replace(
+            inputs, temperature=temperature if inputs.temperature is None else inputs.temperature,
+            seed=seed if inputs.seed is None else inputs.seed)
+
+    def _run(self, full: RoundInputs, inputs: RoundInputs) -> DraftOutput:
+        """One bucket-sized round ``full`` that holds the caller's ``inputs``; every output
+        on the host except q. A round whose values break a rule of ``round_rules`` raises
+        after it ran inert, so it changed no context."""
+        bucket, slots = full.features.shape[0], self.cache.k.shape[-2]
+        static = self._inputs[bucket]
+        tensors = full.tensors()
+        if full.features.shape[1] != self.lane.k + 1:  # prefill: append the prompt eagerly
+            kept = round_rules(self.lane, slots, *tensors).tolist()
+            check_rules(self.lane, slots, inputs, kept)
+            self.drafter.append_context(self.cache.k[:bucket], self.cache.v[:bucket],
+                                        *tensors[:2], full.anchor_pos)
+            tensors = (static[0], torch.zeros_like(full.num_new), *tensors[2:])
+        copy_into(static, tensors)
+        outputs = self._calls[bucket]()
+        host = self._host[bucket]
+        for buffer, tensor in zip(host, outputs):
+            buffer.copy_(tensor, non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        ids, confidences, kept = host
+        check_rules(self.lane, slots, inputs, kept.tolist())
+        probs = outputs[3].clone() if len(outputs) > 3 else None
+        return DraftOutput(ids, confidences, probs)

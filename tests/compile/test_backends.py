@@ -1,0 +1,139 @@
+"""Each backend on both tiny lanes: build, then dspark-verify in a fresh process."""
+
+import importlib.util
+
+import onnx
+import pytest
+import torch._inductor.config
+
+from dspark_compile.compile import build_artifact
+from dspark_compile.compile.backends import REGISTRY, get_backend
+from dspark_compile.checkpoint import random_drafter
+from dspark_compile.config import CONF_DIR, lane_config
+from dspark_compile.draft import DraftStep
+from dspark_compile.errors import ConfigError, MissingBackendError
+from dspark_compile.tools.rounds import synthetic_rounds
+from dspark_compile.runtime import load_runner
+
+CPU_BACKENDS = ["eager", "inductor", "aoti", "onnx"]
+HAS_TENSORRT = importlib.util.find_spec("torch_tensorrt") is not None
+
+
+# Every backend on both tiny lanes, but aoti on tiny_d2t alone: a CPU AOTInductor build takes
+# two minutes of the suite's fifteen, and tiny_d2t's step holds all of tiny's plus d2t.
+CASES = [(backend, lane) for backend in CPU_BACKENDS for lane in ("tiny", "tiny_d2t")
+         if (backend, lane) != ("aoti", "tiny")]
+
+
+@pytest.mark.parametrize("backend,lane_name", CASES)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_artifact_is_token_identical_in_a_fresh_process(built_artifact, fresh_verify, device,
+                                                        backend, lane_name, temperature):
+    """temperature 1.0: half the rows sample, with the counter-based noise. Greedy runs
+    must meet near-ties (best two logits within one bf16 epsilon), where a backend that
+    rounds a logit differently would pick another token."""
+    if device.type not in getattr(get_backend(backend), "DEVICES", ("cpu", "cuda")):
+        pytest.skip(f"{backend} does not run on {device.type}")
+    code, report, stderr = fresh_verify(built_artifact(backend, lane_name),
+                                        f"temperature={temperature}", "rounds=12")
+    assert code == 0, stderr
+    assert report["identical"] and report["first_mismatch"] is None
+    assert report["backend"] == backend and report["lane"] == lane_name
+    assert report["rounds"] == 12 and report["buckets"] == [3]
+    assert report["tokens_compared"] == 12 * 2 * 5  # 12 rounds, batch 2 in bucket 3, k=5
+    if temperature == 0.0 and backend != "onnx":  # onnx runs an fp32 copy: ties are rare
+        assert report["near_ties"] > 0
+
+
+FLEX_LANE = dict(flex_attention=True, layer_types=["sliding_attention", "full_attention"],
+                 sliding_window=20)
+ON_CUDA_ONLY = "FlexAttention's kernels are used on CUDA only (CPU lanes keep SDPA)"
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor", "aoti"])
+def test_artifacts_of_a_flex_attention_lane_are_token_identical(built_artifact, fresh_verify,
+                                                                device, backend):
+    """The host path calls FlexAttention's own compile of the kernel; inductor and aoti
+    lower it inside their one graph and must pick the same ids."""
+    if device.type != "cuda":
+        pytest.skip(ON_CUDA_ONLY)
+    artifact = built_artifact(backend, "tiny_d2t", **FLEX_LANE)
+    code, report, stderr = fresh_verify(artifact, "temperature=1.0", "rounds=12")
+    assert code == 0, stderr
+    assert report["identical"] and report["tokens_compared"] > 0
+
+
+def test_an_inductor_runner_leaves_the_process_inductor_config_alone(built_artifact, device):
+    """The backend's Inductor options hold for its own compile. Set for the whole process,
+    they changed the bits of what Inductor compiled after it: the host path's
+    FlexAttention, on CUDA."""
+    before = torch._inductor.config.get_config_copy()
+    runner = load_runner(built_artifact("inductor", "tiny", buckets=(1, 3)), device)
+    runner.draft(next(synthetic_rounds(runner.lane, 1, 20, 1, 0, device)), [runner.admit()])
+    assert torch._inductor.config.get_config_copy() == before
+
+
+def test_the_exported_step_calls_flex_attention_in_place_of_sdpa(device, exported_targets):
+    if device.type != "cuda":
+        pytest.skip(ON_CUDA_ONLY)
+    lane = lane_config("tiny_d2t", **FLEX_LANE)
+    targets = [str(t) for t in exported_targets(lane, device)]
+    assert sum("flex_attention" in t for t in targets) == lane.num_layers
+    assert not any("scaled_dot_product" in t for t in targets)
+
+
+def test_tensorrt_refuses_a_flex_attention_lane(tmp_path):
+    step = DraftStep(random_drafter(lane_config("tiny", flex_attention=True), "cpu"))
+    with pytest.raises(ConfigError, match="flex_attention=false"):
+        get_backend("tensorrt").compile(step, {}, tmp_path)
+
+
+def test_onnx_argmax_keeps_the_first_index_on_ties(built_artifact, device):
+    if device.type != "cpu":
+        pytest.skip("onnxruntime runs on the CPU here")
+    model = onnx.load(str(built_artifact("onnx", "tiny_d2t") / "bucket3.onnx"))
+    argmax = [n for n in model.graph.node if n.op_type == "ArgMax"]
+    # the loop is unrolled and each step's argmax has two stages (draft.first_argmax)
+    assert len(argmax) == 2 * lane_config("tiny_d2t").k
+    for node in argmax:
+        attributes = {a.name: a.i for a in node.attribute}
+        assert attributes.get("select_last_index", 0) == 0
+
+
+def test_unknown_backend_is_refused_with_the_known_ones():
+    with pytest.raises(ConfigError, match="known backends"):
+        get_backend("tvm")
+
+
+def test_every_backend_config_selects_a_backend_that_compiles_and_loads():
+    """A ``backend=<name>`` the configs offer is one ``get_backend`` finds, and the module
+    it finds has the two functions the store and the runtime call."""
+    offered = {path.stem for path in (CONF_DIR / "backend").glob("*.yaml")}
+    assert offered == set(REGISTRY)
+    for name in offered:
+        backend = get_backend(name)
+        assert callable(backend.compile) and callable(backend.load), name
+
+
+@pytest.mark.skipif(HAS_TENSORRT, reason="torch_tensorrt is installed")
+def test_tensorrt_without_the_package_says_how_to_install_it(tmp_path):
+    backend = get_backend("tensorrt")
+    with pytest.raises(MissingBackendError, match=r"pip install 'dspark-compile\[tensorrt\]'"):
+        backend.compile(DraftStep(random_drafter(lane_config("tiny"), "cpu")), {}, tmp_path)
+    with pytest.raises(MissingBackendError, match="Torch-TensorRT"):
+        backend.load(tmp_path, None, [1])
+
+
+@pytest.mark.skipif(not HAS_TENSORRT, reason="torch_tensorrt is not installed (optional "
+                    "extra: pip install 'dspark-compile[tensorrt]')")
+def test_tensorrt_artifact_is_token_identical(built_artifact, fresh_verify, device):
+    if device.type != "cuda":
+        pytest.skip("TensorRT runs on CUDA GPUs only")
+    code, report, stderr = fresh_verify(built_artifact("tensorrt", "tiny"))
+    assert code == 0 and report["identical"], stderr
+
+
+def test_backend_on_a_device_it_does_not_run_on_is_refused(tmp_path):
+    drafter = random_drafter(lane_config("tiny"), "cpu")
+    with pytest.raises(ConfigError, match="runs on cuda"):
+        build_artifact(drafter, "tensorrt", [1], tmp_path)
