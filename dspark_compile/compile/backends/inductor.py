@@ -17,20 +17,29 @@ PAYLOAD = "inductor_cache.bin"
 OWN_CUDA_GRAPH = True  # reduce-overhead records and replays its own graph
 
 
+def guards_kept(entries: list) -> list[bool]:
+    """Dynamo's guards worth their time on each call: those on the step's inputs (shapes
+    pick the bucket's entry) and on the Python constants of its modules (``with_probs``,
+    the lane's fields: they choose the graph, so two steps in one process never share
+    one). Not those on the modules' tensors, types and dicts: the runtime never replaces
+    them after loading, and Inductor's code checks its inputs' sizes itself."""
+    return [not entry.orig_guard.source.is_unspecialized_nn_module()
+            or entry.guard_type in ("CONSTANT_MATCH", "EQUALS_MATCH", "ID_MATCH")
+            for entry in entries]
+
+
+def compile_options() -> dict:
+    """mode="reduce-overhead" as its options (torch.compile takes a mode or options, not
+    both), plus emulate_precision_casts: every bf16 intermediate rounds as in eager (else
+    fused kernels keep fp32 intermediates and the KV cache drifts from the eager path's
+    bits), set for this compile only (set process-wide it also changed the bits of the host
+    path's FlexAttention compiled after it), and the guard filter :func:`guards_kept`."""
+    return {**torch._inductor.list_mode_options("reduce-overhead"),
+            "emulate_precision_casts": True, "guard_filter_fn": guards_kept}
+
+
 def _compiled(step: DraftStep) -> Callable:
-    # mode="reduce-overhead" as its options (torch.compile takes a mode or options, not
-    # both), plus:
-    # - emulate_precision_casts: round every bf16 intermediate as eager does; without it
-    #   fused kernels keep fp32 intermediates and the KV cache drifts from the eager
-    #   path's bits. Set for this compile only: set process-wide, it would also change
-    #   the bits of the host path's FlexAttention compiled after it.
-    # - a guard filter: Dynamo guards every parameter and module attribute of the drafter
-    #   on each call; the runtime never replaces them after loading, so only the guards
-    #   on the step's inputs are kept (shapes pick the bucket's entry).
-    options = {**torch._inductor.list_mode_options("reduce-overhead"),
-               "emulate_precision_casts": True,
-               "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-    compiled = torch.compile(step, options=options, fullgraph=True, dynamic=False)
+    compiled = torch.compile(step, options=compile_options(), fullgraph=True, dynamic=False)
 
     def call(*inputs: Tensor) -> tuple[Tensor, ...]:
         # The step writes the KV cache in place, and reduce-overhead graphs a function

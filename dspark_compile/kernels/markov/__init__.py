@@ -35,6 +35,7 @@ an element decides a near-tie. The benchmark and dspark-verify report the near-t
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -47,7 +48,12 @@ try:
 except ImportError:  # the CPU wheels of torch come without Triton
     triton = None
 
-if triton is not None:
+# Registered only where the kernels can run, on CUDA or in Triton's interpreter: triton_op
+# reads the function for its kernels through Inductor, a second of import time elsewhere.
+RUNNABLE = triton is not None and (torch.cuda.is_available()
+                                   or os.environ.get("TRITON_INTERPRET") == "1")
+
+if RUNNABLE:
     from dspark_compile.kernels.markov.kernels import _markov_step_kernel, _markov_walk_kernel
 
     @torch.library.triton_op("dspark::markov_walk", mutates_args=())

@@ -1,0 +1,219 @@
+"""The trained drafter end to end: compiled (``inductor``, ``aoti``), loaded by the runtime,
+drafting for the real target on held-out prompts, greedy and sampled, at batch 1 and a
+batch of several requests. Against the same target generating alone, with the same target
+implementation (``llama.StaticLlama``) in both arms, eager and captured as CUDA graphs.
+
+    python scripts/testbed/e2e.py --target testbed/target --drafter testbed/drafter \
+        --out bench/results/testbed_h200/e2e.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from data import DATA, load
+from dspark_compile import RoundInputs, lane_config, load_checkpoint, load_runner
+from dspark_compile.compile import build_artifact
+from dspark_compile.draft.sampling import sample
+from dspark_compile.speculative import verify_greedy, verify_sampling
+from llama import StaticLlama, captured
+from target import load_target
+from train import LANE
+
+FIRST_TOKEN_STREAM = (1 << 20) + 2  # the target's own samples, apart from the drafter's
+
+
+def encode(tokenizer, texts: list[str]) -> list[list[int]]:
+    """Chat prompts as data.py encodes them."""
+    chats = [tokenizer.apply_chat_template([{"role": "user", "content": t}],
+                                           add_generation_prompt=True, tokenize=False)
+             for t in texts]
+    return tokenizer(chats, add_special_tokens=False)["input_ids"]
+
+
+def pick(logits: Tensor, temperature: float, seed: Tensor, position: Tensor) -> Tensor:
+    """The target's token of each row: argmax, or Gumbel-max at the temperature."""
+    t = torch.full(seed.shape, temperature, dtype=torch.float32, device=seed.device)
+    return sample(logits, t, seed, position, FIRST_TOKEN_STREAM)
+
+
+def prefill(llama: StaticLlama, prompts: list[list[int]], device) -> tuple[Tensor, ...]:
+    """The prompts (right-padded) through the target: last logits, features, lengths."""
+    lengths = torch.tensor([len(p) for p in prompts], device=device)
+    tokens = torch.zeros(len(prompts), int(lengths.max()), dtype=torch.long, device=device)
+    for row, p in enumerate(prompts):
+        tokens[row, :len(p)] = torch.tensor(p)
+    logits, features = llama.forward(tokens, torch.zeros_like(lengths))
+    rows = torch.arange(len(prompts), device=device)
+    return logits[rows, lengths - 1], features, lengths
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def target_alone(model, prompts, new_tokens: int, temperature: float, graphs: bool, taps,
+                 device) -> tuple[list[list[int]], list[list[float]], float]:
+    """Plain generation, one target pass per token. Returns the new tokens, the gap between
+    the best two logits at each of them, and the seconds."""
+    B = len(prompts)
+    llama = StaticLlama(model, B, max(map(len, prompts)) + new_tokens + 1, taps)
+    step = captured(llama, B, 1) if graphs else llama.forward
+    seed = torch.arange(B, device=device)
+    sync()
+    start = time.perf_counter()
+    last, _, position = prefill(llama, prompts, device)
+    out, gaps = [], []
+    for _ in range(new_tokens):
+        token = pick(last, temperature, seed, position)
+        out.append(token)
+        best = last.topk(2).values
+        gaps.append(best[:, 0] - best[:, 1])
+        logits, _ = step(token[:, None], position)
+        last, position = logits[:, 0], position + 1
+    sync()
+    seconds = time.perf_counter() - start
+    return torch.stack(out, 1).tolist(), torch.stack(gaps, 1).tolist(), seconds
+
+
+def speculative(model, runner, prompts, new_tokens: int, temperature: float, graphs: bool,
+                device) -> dict:
+    """Draft -> verify rounds until every row has ``new_tokens``: the tokens, the accepted
+    drafts per round and row, the seconds in all and in the drafter."""
+    lane, B, k = runner.lane, len(prompts), runner.lane.k
+    # a row keeps drafting until the slowest has its tokens: up to k + 1 a round
+    llama = StaticLlama(model, B, max(map(len, prompts)) + (k + 1) * (new_tokens + 1),
+                        lane.target_layer_ids)
+    verify = captured(llama, B, k + 1) if graphs else llama.forward
+    seed = torch.arange(B, device=device)
+    temperatures = torch.full((B,), temperature, device=device)
+    slots = [runner.admit() for _ in range(B)]
+    sync()
+    start = time.perf_counter()
+    last, features, lengths = prefill(llama, prompts, device)
+    anchor = pick(last, temperature, seed, lengths)
+    inputs = RoundInputs(features.to(lane.torch_dtype), lengths, anchor, lengths, temperatures,
+                         seed)
+    tokens = [[int(a)] for a in anchor]
+    accepted_log, confidence_log, draft_seconds = [], [], 0.0
+    while min(map(len, tokens)) < new_tokens:
+        begin = time.perf_counter()
+        out = runner.draft(inputs, slots)
+        draft_seconds += time.perf_counter() - begin
+        drafted = out.ids.to(device)
+        position = inputs.anchor_pos
+        logits, features = verify(torch.cat([inputs.anchor[:, None], drafted], 1), position)
+        if temperature > 0:
+            p = torch.softmax(logits / temperature, -1)
+            accepted, emitted = verify_sampling(drafted, out.probs, p, seed, position)
+        else:
+            accepted, emitted = verify_greedy(drafted, logits.argmax(-1))
+        rows = torch.arange(B, device=device)
+        inputs = RoundInputs(features.to(lane.torch_dtype), accepted + 1, emitted[rows, accepted],
+                             position + accepted + 1, temperatures, seed)
+        for row, (a, e) in enumerate(zip(accepted.tolist(), emitted.tolist())):
+            if len(tokens[row]) < new_tokens:
+                accepted_log.append(a)
+                confidence_log.append(out.confidences[row].tolist())
+            tokens[row] += e[:a + 1]
+    sync()
+    seconds = time.perf_counter() - start
+    for slot in slots:
+        runner.release(slot)
+    return dict(tokens=[t[:new_tokens] for t in tokens], accepted=accepted_log,
+                confidences=confidence_log, seconds=seconds, draft_seconds=draft_seconds)
+
+
+def summary(k: int, accepted: list[int], confidences: list[list[float]]) -> dict:
+    """Acceptance per draft position (of the rounds) and, where a position was reached, the
+    drafter's mean confidence there against how often it was accepted."""
+    rounds = len(accepted)
+    reached = [[a >= i for a in accepted] for i in range(k)]
+    return dict(rounds=rounds, tokens_per_round=sum(accepted) / rounds + 1,
+                acceptance_by_position=[sum(a > i for a in accepted) / rounds for i in range(k)],
+                accepted_if_reached=[sum(a > i for a, r in zip(accepted, reached[i]) if r)
+                                     / max(1, sum(reached[i])) for i in range(k)],
+                confidence_if_reached=[sum(c[i] for c, r in zip(confidences, reached[i]) if r)
+                                       / max(1, sum(reached[i])) for i in range(k)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", type=Path, default=Path("testbed/target"))
+    parser.add_argument("--drafter", type=Path, default=Path("testbed/drafter"))
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--out", type=Path, default=Path("bench_out/testbed_e2e.json"))
+    parser.add_argument("--backends", nargs="+", default=["inductor", "aoti"])
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
+    parser.add_argument("--prompts", type=int, default=16, help="held-out prompts per run")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--artifacts-dir", default="artifacts")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    from transformers import AutoTokenizer
+
+    device = torch.device(args.device)
+    graphs_options = [False, True] if device.type == "cuda" else [False]
+    model = load_target(args.target, device)
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    held_out = encode(tokenizer, load(args.data)[2][:args.prompts])
+    drafter = load_checkpoint(args.drafter, lane_config(LANE), device, verifier=args.target)
+    taps, k = drafter.lane.target_layer_ids, drafter.lane.k
+    rows = []
+    for temperature in args.temperatures:
+        for backend in args.backends:
+            path, _ = build_artifact(drafter, backend, args.batches, args.artifacts_dir,
+                                     with_probs=temperature > 0)
+            runner = load_runner(path, device)
+            for batch in args.batches:
+                for graphs in graphs_options:
+                    spec_s = base_s = draft_s = 0.0
+                    accepted, confidences, same, compared, diverged = [], [], 0, 0, []
+                    for first in range(0, len(held_out) - batch + 1, batch):
+                        group = held_out[first:first + batch]
+                        alone, gaps, seconds = target_alone(model, group, args.new_tokens,
+                                                            temperature, graphs, taps, device)
+                        run = speculative(model, runner, group, args.new_tokens, temperature,
+                                          graphs, device)
+                        base_s += seconds
+                        spec_s, draft_s = spec_s + run["seconds"], draft_s + run["draft_seconds"]
+                        accepted += run["accepted"]
+                        confidences += run["confidences"]
+                        same += sum(a == b for a, b in zip(alone, run["tokens"]))
+                        # where greedy outputs part: the target's own margin there (a pass of
+                        # k+1 tokens rounds its logits otherwise than a pass of one)
+                        diverged += [dict(request=first + r, position=i, gap=g[i])
+                                     for r, (a, b, g) in enumerate(zip(alone, run["tokens"], gaps))
+                                     for i in [next((i for i, (x, y) in enumerate(zip(a, b))
+                                                     if x != y), None)] if i is not None]
+                        compared += len(group)
+                    generated = compared * args.new_tokens
+                    row = dict(backend=backend, batch=batch, temperature=temperature,
+                               target_graphs=graphs, requests=compared,
+                               new_tokens=args.new_tokens,
+                               target_alone_tokens_per_s=generated / base_s,
+                               speculative_tokens_per_s=generated / spec_s,
+                               speedup=base_s / spec_s, draft_share=draft_s / spec_s,
+                               **summary(k, accepted, confidences))
+                    if temperature == 0:
+                        row["identical_to_target_greedy"] = f"{same}/{compared}"
+                        row["divergences"] = diverged
+                    rows.append(row)
+                    print(json.dumps({key: round(v, 3) if isinstance(v, float) else v
+                                      for key, v in row.items() if not isinstance(v, list)}),
+                          row.get("divergences", ""), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(dict(rows=rows, lane=drafter.lane.to_dict()), indent=2))
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""The target's forward over a static KV cache, for timing: transformers' own Llama modules
+(norms, MLPs, projections, rotary embedding) with the attention over a fixed cache
+``[layers, B, kv_heads, slots, head_dim]`` written at per-row positions. Shapes are fixed
+for a given (batch, new tokens), so a pass can be captured as one CUDA graph; plain
+generation and speculative verification use this one implementation."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+
+class StaticLlama:
+    def __init__(self, model: torch.nn.Module, batch: int, slots: int, taps: list[int]):
+        config = model.config
+        self.model, self.taps, self.slots = model, taps, slots
+        self.kv_heads, self.head_dim = config.num_key_value_heads, config.head_dim
+        shape = (config.num_hidden_layers, batch, self.kv_heads, slots, self.head_dim)
+        device, dtype = model.device, model.dtype
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+
+    @torch.no_grad()
+    def forward(self, tokens: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
+        """Feed ``tokens [B, n]`` at positions ``start[b] + i``; returns fp32 logits
+        ``[B, n, V]`` and the drafter's features ``[B, n, taps x hidden]``. Each row sees
+        its cache below its own positions: what a longer earlier pass left beyond them is
+        masked, then overwritten."""
+        inner = self.model.model
+        B, n = tokens.shape
+        positions = start[:, None] + torch.arange(n, device=tokens.device)
+        x = inner.embed_tokens(tokens)
+        cos, sin = inner.rotary_emb(x, position_ids=positions)
+        keys = torch.arange(self.slots, device=tokens.device)
+        visible = (keys[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, n, slots]
+        batch = torch.arange(B, device=tokens.device)[:, None].expand(B, n)
+        features = []
+        for i, layer in enumerate(inner.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.q_proj(h).view(B, n, -1, self.head_dim).transpose(1, 2)
+            k = attn.k_proj(h).view(B, n, -1, self.head_dim).transpose(1, 2)
+            v = attn.v_proj(h).view(B, n, -1, self.head_dim).transpose(1, 2)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            self.k[i][batch, :, positions] = k.transpose(1, 2)
+            self.v[i][batch, :, positions] = v.transpose(1, 2)
+            out = F.scaled_dot_product_attention(q, self.k[i], self.v[i], attn_mask=visible,
+                                                 scale=attn.scaling, enable_gqa=True)
+            x = x + attn.o_proj(out.transpose(1, 2).reshape(B, n, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if i in self.taps:
+                features.append(x)
+        logits = self.model.lm_head(inner.norm(x)).float()
+        order = sorted(self.taps)
+        return logits, torch.cat([features[order.index(t)] for t in self.taps], -1)
+
+
+def captured(llama: StaticLlama, batch: int, n: int
+             ) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """``llama.forward`` for ``[batch, n]`` tokens as one CUDA graph: copies the inputs into
+    its buffers, replays, and returns its output buffers (valid until the next call)."""
+    device = llama.k.device
+    tokens = torch.zeros(batch, n, dtype=torch.long, device=device)
+    start = torch.zeros(batch, dtype=torch.long, device=device)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            llama.forward(tokens, start)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = llama.forward(tokens, start)
+
+    def run(new_tokens: Tensor, new_start: Tensor) -> tuple[Tensor, Tensor]:
+        tokens.copy_(new_tokens)
+        start.copy_(new_start)
+        graph.replay()
+        return outputs
+    return run

