@@ -55,7 +55,7 @@ def generate(target: torch.nn.Module, runner: Runner, prompt: list[int], max_new
     tokens = torch.tensor(prompt, device=device)
     logits, features = target_pass(target, tokens, taps)
     seeds = torch.tensor([seed], device=device)
-    first = _pick(logits[-1:], temperature, seeds, torch.tensor([len(prompt)], device=device))
+    first = pick_target_token(logits[-1:], temperature, seeds, torch.tensor([len(prompt)], device=device))
     tokens = torch.cat([tokens, first])
     result = Generation(tokens=tokens.tolist())
     slot = runner.admit()
@@ -90,7 +90,8 @@ def generate(target: torch.nn.Module, runner: Runner, prompt: list[int], max_new
     return result
 
 
-def _pick(logits: Tensor, temperature: float, seed: Tensor, position: Tensor) -> Tensor:
+def pick_target_token(logits: Tensor, temperature: float, seed: Tensor, position: Tensor
+                      ) -> Tensor:
     """The target's own token: argmax, or a Gumbel-max sample at the temperature (the draft
     step's own sampling, on a noise stream of its own)."""
     temperatures = torch.full(seed.shape, temperature, dtype=torch.float32, device=seed.device)

@@ -20,13 +20,12 @@ from torch import Tensor
 from data import DATA, load
 from dspark_compile import RoundInputs, lane_config, load_checkpoint, load_runner
 from dspark_compile.compile import build_artifact
-from dspark_compile.draft.sampling import sample
 from dspark_compile.speculative import verify_greedy, verify_sampling
+from dspark_compile.speculative.generate import pick_target_token
 from llama import StaticLlama, captured
 from target import load_target
 from train import LANE
 
-FIRST_TOKEN_STREAM = (1 << 20) + 2  # the target's own samples, apart from the drafter's
 
 
 def encode(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -35,12 +34,6 @@ def encode(tokenizer, texts: list[str]) -> list[list[int]]:
                                            add_generation_prompt=True, tokenize=False)
              for t in texts]
     return tokenizer(chats, add_special_tokens=False)["input_ids"]
-
-
-def pick(logits: Tensor, temperature: float, seed: Tensor, position: Tensor) -> Tensor:
-    """The target's token of each row: argmax, or Gumbel-max at the temperature."""
-    t = torch.full(seed.shape, temperature, dtype=torch.float32, device=seed.device)
-    return sample(logits, t, seed, position, FIRST_TOKEN_STREAM)
 
 
 def prefill(llama: StaticLlama, prompts: list[list[int]], device) -> tuple[Tensor, ...]:
@@ -72,7 +65,7 @@ def target_alone(model, prompts, new_tokens: int, temperature: float, graphs: bo
     last, _, position = prefill(llama, prompts, device)
     out, gaps = [], []
     for _ in range(new_tokens):
-        token = pick(last, temperature, seed, position)
+        token = pick_target_token(last, temperature, seed, position)
         out.append(token)
         best = last.topk(2).values
         gaps.append(best[:, 0] - best[:, 1])
@@ -98,7 +91,7 @@ def speculative(model, runner, prompts, new_tokens: int, temperature: float, gra
     sync()
     start = time.perf_counter()
     last, features, lengths = prefill(llama, prompts, device)
-    anchor = pick(last, temperature, seed, lengths)
+    anchor = pick_target_token(last, temperature, seed, lengths)
     inputs = RoundInputs(features.to(lane.torch_dtype), lengths, anchor, lengths, temperatures,
                          seed)
     tokens = [[int(a)] for a in anchor]
