@@ -23,17 +23,7 @@ from dspark_compile.compile import build_artifact
 from dspark_compile.speculative import verify_greedy, verify_sampling
 from dspark_compile.speculative.generate import pick_target_token
 from llama import StaticLlama, captured
-from target import load_target
-from train import LANE
-
-
-
-def encode(tokenizer, texts: list[str]) -> list[list[int]]:
-    """Chat prompts as data.py encodes them."""
-    chats = [tokenizer.apply_chat_template([{"role": "user", "content": t}],
-                                           add_generation_prompt=True, tokenize=False)
-             for t in texts]
-    return tokenizer(chats, add_special_tokens=False)["input_ids"]
+from target import LANE, load_target
 
 
 def prefill(llama: StaticLlama, prompts: list[list[int]], device) -> tuple[Tensor, ...]:
@@ -52,12 +42,18 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+def cache_slots(prompts: list[list[int]], new_tokens: int, k: int) -> int:
+    """The target's cache in both arms: a row keeps drafting until the slowest has its
+    tokens, up to k + 1 a round."""
+    return max(map(len, prompts)) + (k + 1) * (new_tokens + 1)
+
+
 def target_alone(model, prompts, new_tokens: int, temperature: float, graphs: bool, taps,
-                 device) -> tuple[list[list[int]], list[list[float]], float]:
+                 slots: int, device) -> tuple[list[list[int]], list[list[float]], float]:
     """Plain generation, one target pass per token. Returns the new tokens, the gap between
     the best two logits at each of them, and the seconds."""
     B = len(prompts)
-    llama = StaticLlama(model, B, max(map(len, prompts)) + new_tokens + 1, taps)
+    llama = StaticLlama(model, B, slots, taps)
     step = captured(llama, B, 1) if graphs else llama.forward
     seed = torch.arange(B, device=device)
     sync()
@@ -77,17 +73,15 @@ def target_alone(model, prompts, new_tokens: int, temperature: float, graphs: bo
 
 
 def speculative(model, runner, prompts, new_tokens: int, temperature: float, graphs: bool,
-                device) -> dict:
+                slots: int, device) -> dict:
     """Draft -> verify rounds until every row has ``new_tokens``: the tokens, the accepted
     drafts per round and row, the seconds in all and in the drafter."""
     lane, B, k = runner.lane, len(prompts), runner.lane.k
-    # a row keeps drafting until the slowest has its tokens: up to k + 1 a round
-    llama = StaticLlama(model, B, max(map(len, prompts)) + (k + 1) * (new_tokens + 1),
-                        lane.target_layer_ids)
+    llama = StaticLlama(model, B, slots, lane.target_layer_ids)
     verify = captured(llama, B, k + 1) if graphs else llama.forward
     seed = torch.arange(B, device=device)
     temperatures = torch.full((B,), temperature, device=device)
-    slots = [runner.admit() for _ in range(B)]
+    admitted = [runner.admit() for _ in range(B)]
     sync()
     start = time.perf_counter()
     last, features, lengths = prefill(llama, prompts, device)
@@ -98,7 +92,7 @@ def speculative(model, runner, prompts, new_tokens: int, temperature: float, gra
     accepted_log, confidence_log, draft_seconds = [], [], 0.0
     while min(map(len, tokens)) < new_tokens:
         begin = time.perf_counter()
-        out = runner.draft(inputs, slots)
+        out = runner.draft(inputs, admitted)
         draft_seconds += time.perf_counter() - begin
         drafted = out.ids.to(device)
         position = inputs.anchor_pos
@@ -118,7 +112,7 @@ def speculative(model, runner, prompts, new_tokens: int, temperature: float, gra
             tokens[row] += e[:a + 1]
     sync()
     seconds = time.perf_counter() - start
-    for slot in slots:
+    for slot in admitted:
         runner.release(slot)
     return dict(tokens=[t[:new_tokens] for t in tokens], accepted=accepted_log,
                 confidences=confidence_log, seconds=seconds, draft_seconds=draft_seconds)
@@ -146,18 +140,18 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["inductor", "aoti"])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
+    parser.add_argument("--targets", nargs="+", default=["eager", "graph"],
+                        choices=["eager", "graph"], help="the target eager, captured, or both")
     parser.add_argument("--prompts", type=int, default=16, help="held-out prompts per run")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--artifacts-dir", default="artifacts")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
-    from transformers import AutoTokenizer
-
     device = torch.device(args.device)
-    graphs_options = [False, True] if device.type == "cuda" else [False]
+    graphs_options = [g == "graph" for g in args.targets if device.type == "cuda" or g == "eager"]
     model = load_target(args.target, device)
-    tokenizer = AutoTokenizer.from_pretrained(args.target)
-    held_out = encode(tokenizer, load(args.data)[2][:args.prompts])
+    sequences, prompt_lengths = load(args.data).select(held_out=True, modes=("greedy",))
+    held_out = [t[:n].tolist() for t, n in zip(sequences, prompt_lengths)][:args.prompts]
     drafter = load_checkpoint(args.drafter, lane_config(LANE), device, verifier=args.target)
     taps, k = drafter.lane.target_layer_ids, drafter.lane.k
     rows = []
@@ -172,10 +166,12 @@ def main() -> None:
                     accepted, confidences, same, compared, diverged = [], [], 0, 0, []
                     for first in range(0, len(held_out) - batch + 1, batch):
                         group = held_out[first:first + batch]
+                        slots = cache_slots(group, args.new_tokens, k)
                         alone, gaps, seconds = target_alone(model, group, args.new_tokens,
-                                                            temperature, graphs, taps, device)
+                                                            temperature, graphs, taps, slots,
+                                                            device)
                         run = speculative(model, runner, group, args.new_tokens, temperature,
-                                          graphs, device)
+                                          graphs, slots, device)
                         base_s += seconds
                         spec_s, draft_s = spec_s + run["seconds"], draft_s + run["draft_seconds"]
                         accepted += run["accepted"]

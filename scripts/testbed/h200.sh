@@ -5,8 +5,9 @@
 # Then on the H200, one call each (carry [".whl", "testbed/pieces/<piece>"]):
 #   bash scripts/testbed/h200.sh receive aa       # keeps the piece in /tmp/testbed
 #   bash scripts/testbed/h200.sh convert ab       # joins, checks the sha256, GGUF -> bf16
-#   bash scripts/testbed/h200.sh train            # the drafter (REGENERATE=1: the data too)
-#   bash scripts/testbed/h200.sh e2e              # through the runtime, against the target
+#   bash scripts/testbed/h200.sh data             # optional: the data again (else the committed)
+#   bash scripts/testbed/h200.sh train            # the drafter, and its validation curve
+#   bash scripts/testbed/h200.sh e2e              # statistics, then through the runtime
 # Logs and results go to $OUT.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -24,24 +25,24 @@ mkdir -p "$work"
 export PYTHONPATH=/tmp/site:$root PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
   "$root"/.whl/*.whl $(ls "$root"/testbed/pieces/*.whl 2>/dev/null)
-case ${1:?receive, convert, train or e2e} in
+case ${1:?receive, convert, data, train or e2e} in
   receive) cp "$root/testbed/pieces/gguf.$2" "$work/" ;;
   convert)
     cp "$root/testbed/pieces/gguf.$2" "$work/"
     cat "$work"/gguf.a? > "$work/SmolLM2-135M-Instruct.Q4_1.gguf"
     python3 scripts/testbed/target.py --gguf "$work/SmolLM2-135M-Instruct.Q4_1.gguf" \
       --out "$work/target" 2>&1 | tee "$OUT/convert.log" ;;
-  train)  # the committed self-distilled data, unless REGENERATE=1
-    if [ "${REGENERATE:-0}" = 1 ]; then
-      python3 scripts/testbed/data.py --target "$work/target" --out "$work/data.safetensors" \
-        2>&1 | tee "$OUT/data.log"
-    else
-      cp "$root/scripts/testbed/selfdistill.safetensors" "$work/data.safetensors"
-    fi
+  data)  # the self-distilled data again: $OUT/selfdistill.safetensors, to commit
+    python3 scripts/testbed/data.py --target "$work/target" --out "$work/data.safetensors" \
+      ${DATA_ARGS:-} 2>&1 | grep -v "^greedy: \|^t1: \|^penalty: " | tee "$OUT/data.log"
+    cp "$work/data.safetensors" "$OUT/selfdistill.safetensors" ;;
+  train)  # on the data of the last `data` call, else on the committed data
+    [ -f "$work/data.safetensors" ] || cp "$root/scripts/testbed/selfdistill.safetensors" "$work/data.safetensors"
     python3 scripts/testbed/train.py --target "$work/target" --data "$work/data.safetensors" \
-      --out "$work/drafter" ${TRAIN_ARGS:-} 2>&1 | tee "$OUT/train.log"
-    cp -r "$work/drafter" "$OUT/" ;;
+      --out "$work/drafter" --curve "$OUT/curve.json" ${TRAIN_ARGS:-} 2>&1 | tee "$OUT/train.log" ;;
   e2e)
+    python3 scripts/testbed/evaluate.py --target "$work/target" --drafter "$work/drafter" \
+      --data "$work/data.safetensors" --out "$OUT/statistics.json" 2>&1 | tee "$OUT/evaluate.log"
     python3 scripts/testbed/e2e.py --target "$work/target" --drafter "$work/drafter" \
       --data "$work/data.safetensors" --artifacts-dir "$work/artifacts" \
       --out "$OUT/e2e${TAG:-}.json" ${E2E_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/e2e${TAG:-}.log"

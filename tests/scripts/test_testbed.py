@@ -1,6 +1,8 @@
 """The testbed's code path on the CPU at a tiny scale, without the GGUF: a random Llama
-from transformers as the target, its own sampled continuations as data, a few training
-steps, the speculators checkpoint read back, and draft -> verify through the runtime."""
+from transformers as the target, its own greedy answers as data (checked against
+transformers' generate), a few training steps, the speculators checkpoint read back,
+draft -> verify through the runtime, and the teacher-forced blocks that training and
+evaluation use against the rounds the runtime drafted."""
 
 import sys
 from pathlib import Path
@@ -10,40 +12,88 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="the dev extra has transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "testbed"))
-from e2e import speculative, target_alone  # noqa: E402
+from blocks import target_pass, teacher_forced  # noqa: E402
+from data import generate  # noqa: E402
+from e2e import cache_slots, speculative, target_alone  # noqa: E402
+from evaluate import held_out_blocks, statistics, validate  # noqa: E402
 from train import train  # noqa: E402
 
 from dspark_compile import lane_config, load_checkpoint, load_runner, save_checkpoint  # noqa: E402
 from dspark_compile.compile import build_artifact  # noqa: E402
 
+CPU = torch.device("cpu")
 
-def test_a_trained_drafter_loads_and_decodes_losslessly(tmp_path):
+
+@pytest.fixture(scope="module")
+def target():
     torch.manual_seed(0)
-    target = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, head_dim=8,
         tie_word_embeddings=True)).eval()
+
+
+def test_greedy_answers_are_transformers_greedy_generation(target):
+    prompts = [torch.randint(0, 64, (n,)).tolist() for n in (3, 6, 4, 5, 3)]
+    answers = generate(target, prompts, "greedy", 12, batch=2, eos=-1, seed=0)
+    for prompt, answer in zip(prompts, answers):
+        expected = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=12,
+                                   pad_token_id=0)[0, len(prompt):]
+        assert answer == expected.tolist()
+
+
+def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
     target.save_pretrained(tmp_path / "target")
     lane = lane_config("tiny", hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8,
                        intermediate_size=64, target_vocab_size=64, draft_vocab_size=64,
                        mask_token_id=63, target_layer_ids=[0, 2], k=3, markov_rank=16,
                        max_context=256, max_batch=2)
-    prompts = torch.randint(0, 63, (24, 4))
-    with torch.no_grad():  # greedy: a random target's samples are near uniform, unlearnable
-        sequences = list(target.generate(prompts, do_sample=False, max_new_tokens=48,
-                                         pad_token_id=0))
-    drafter, history = train(target, lane, sequences, [4] * len(sequences), steps=30,
-                             batch=8, length=52, anchors=4, lr=1e-2, seed=0,
-                             device=torch.device("cpu"))
-    assert sum(history[-5:]) < sum(history[:5]) - 1.0  # the block cross-entropy falls
+    torch.manual_seed(1)
+    prompts = torch.randint(0, 63, (24, 4)).tolist()
+    # greedy: a random target's samples are near uniform, unlearnable; its greedy answers
+    # repeat a token of their own, so the validation answers are training ones
+    sequences = [torch.tensor(p + a) for p, a in
+                 zip(prompts, generate(target, prompts, "greedy", 48, 8, -1, 0))]
+    validation = (sequences[:2], [4, 4])
+    drafter, history, curve = train(target, lane, sequences, [4] * 24, steps=60,
+                                    batch=8, length=52, anchors=4, lr=1e-2, seed=0,
+                                    device=CPU, validation=validation, validate_every=30)
+    assert sum(history[-5:]) < sum(history[:5]) - 0.5  # the block cross-entropy falls
+    assert [point["step"] for point in curve] == [0, 30, 60]
+    assert curve[-1]["tokens_per_round"] > curve[0]["tokens_per_round"]
     save_checkpoint(drafter, tmp_path / "drafter", "speculators", verifier=tmp_path / "target")
     loaded = load_checkpoint(tmp_path / "drafter", lane, "cpu", verifier=tmp_path / "target")
     for name, tensor in drafter.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor), name
     runner = load_runner(build_artifact(loaded, "eager", [2], tmp_path / "artifacts")[0])
-    requests = [p.tolist() for p in prompts[:2]]
-    alone, _, _ = target_alone(target, requests, 24, 0.0, False, lane.target_layer_ids,
-                               torch.device("cpu"))
-    run = speculative(target, runner, requests, 24, 0.0, False, torch.device("cpu"))
+    requests = prompts[:2]
+    slots = cache_slots(requests, 24, lane.k)
+    alone, _, _ = target_alone(target, requests, 24, 0.0, False, lane.target_layer_ids, slots,
+                               CPU)
+    run = speculative(target, runner, requests, 24, 0.0, False, slots, CPU)
     assert run["tokens"] == alone
     assert sum(run["accepted"]) > 0  # the trained drafter's tokens were accepted
+
+    # each request's rounds, teacher-forced on its greedy answer, accept what the runtime's
+    # rounds accepted
+    for request, answer in zip(requests, alone):
+        one = speculative(target, runner, [request], 24, 0.0, False, slots, CPU)
+        sequence = torch.tensor([request + answer])
+        anchors = [len(request)]
+        for accepted in one["accepted"][:-1]:
+            anchors.append(anchors[-1] + accepted + 1)
+        anchors = [s for s in anchors if s + lane.k < sequence.shape[1]]
+        features, logits = target_pass(target, sequence, lane.target_layer_ids)
+        with torch.no_grad():
+            blocks = teacher_forced(loaded, sequence, torch.tensor([sequence.shape[1]]),
+                                    features, logits, torch.zeros(len(anchors), dtype=torch.long),
+                                    torch.tensor(anchors))
+        leading = (blocks.z.argmax(-1) == blocks.labels).long().cumprod(-1).sum(-1)
+        assert leading.tolist() == one["accepted"][:len(anchors)]
+
+    blocks = lambda: held_out_blocks(loaded, target, [sequence[0]], [4], CPU)  # noqa: E731
+    result, stats = validate(blocks()), statistics(blocks())
+    assert stats["blocks"] == result["blocks"] == sequence.shape[1] - 4 - lane.k
+    first = stats["positions"][0]
+    assert first["reached"] == result["blocks"]
+    assert first["accepted_if_reached"] == pytest.approx(result["acceptance_by_position"][0])
