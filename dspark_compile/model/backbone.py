@@ -19,6 +19,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from dspark_compile.config import LaneConfig, Layout
 from dspark_compile.model.masks import Mask, attention_masks
 from dspark_compile.model.rope import rope_tables
+from dspark_compile.model.vocab import TokenTable
 
 # transformers' ACT2FN names (config.ACTIVATIONS)
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -164,7 +165,7 @@ class Backbone(nn.Module):
     def __init__(self, lane: LaneConfig):
         super().__init__()
         self.lane = lane
-        self.embed_tokens = nn.Embedding(lane.target_vocab_size, lane.hidden_size)
+        self.embed_tokens = TokenTable(lane.target_vocab_size, lane.hidden_size)
         self.fc = nn.Linear(lane.feature_size, lane.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(lane.hidden_size, lane.rms_norm_eps)
         self.layers = nn.ModuleList(Layer(lane) for _ in range(lane.num_layers))

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dspark_compile.config import LaneConfig, MarkovHead as Kind
+from dspark_compile.model.vocab import TokenTable
 
 
 class MarkovHead(nn.Module):
@@ -21,7 +22,7 @@ class MarkovHead(nn.Module):
         super().__init__()
         self.kind = lane.markov_head
         r, hidden = lane.markov_rank, lane.hidden_size
-        self.markov_w1 = nn.Embedding(lane.target_vocab_size, r)
+        self.markov_w1 = TokenTable(lane.target_vocab_size, r)
         self.markov_w2 = nn.Linear(r, lane.draft_vocab_size, bias=False)
         if self.kind is Kind.gated:
             self.gate_proj = nn.Linear(hidden + r, r)

@@ -1,11 +1,21 @@
-"""Draft vocabulary -> target vocabulary: ``t = d + d2t[d]`` (speculators' int64 offsets)."""
+"""Tables indexed by token id, and the draft vocabulary -> target vocabulary map
+``t = d + d2t[d]`` (speculators' int64 offsets)."""
 
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+
+class TokenTable(nn.Embedding):
+    """``nn.Embedding`` without its random init: every drafter's weights are loaded or drawn
+    after it is built on the meta device, where ``normal_`` would import ``torch._dynamo``
+    (over a second of a cold start)."""
+
+    def reset_parameters(self) -> None:
+        pass
 
 
 def to_target(draft_ids: Tensor, d2t: Optional[Tensor]) -> Tensor:

@@ -3,7 +3,9 @@ artifact's own backend."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Optional, Sequence
 
 import torch
 
@@ -13,24 +15,39 @@ from dspark_compile.compile.key import environment
 from dspark_compile.compile.store import ARTIFACT_WEIGHTS, read_manifest
 from dspark_compile.config import LaneConfig, check_device
 from dspark_compile.draft import DraftStep
-from dspark_compile.errors import ArtifactError
+from dspark_compile.errors import ArtifactError, ConfigError
 from dspark_compile.runtime.runner import Runner
 
 
-def load_runner(artifact_dir: str | Path, device: torch.device | str = "cpu") -> Runner:
-    """Load an artifact built by ``dspark-compile``. Refuses, with an
-    :class:`~dspark_compile.errors.ArtifactError` naming what differs, an artifact from
-    another environment or whose files fail their sha256."""
+def load_runner(artifact_dir: str | Path, device: torch.device | str = "cpu",
+                buckets: Optional[Sequence[int]] = None) -> Runner:
+    """Load an artifact built by ``dspark-compile``, all its buckets or the ``buckets``
+    named. Refuses, with an :class:`~dspark_compile.errors.ArtifactError` naming what
+    differs, an artifact from another environment or whose files fail their sha256. The
+    runner's ``load_seconds`` says where the time went."""
     device = check_device(device)
     directory = Path(artifact_dir)
+    marks = [time.perf_counter()]
     manifest = read_manifest(directory, environment(device))
+    marks.append(time.perf_counter())
+    chosen = manifest["buckets"] if buckets is None else sorted(set(buckets))
+    if not chosen or any(b not in manifest["buckets"] for b in chosen):
+        raise ConfigError(f"buckets: {directory} holds buckets {manifest['buckets']}, "
+                          f"asked for {list(buckets)}")
     try:
         lane = LaneConfig(**manifest["lane"])
     except (TypeError, ValueError) as err:
         raise ArtifactError(f"{directory}: the manifest's lane is not valid: {err}") from err
     drafter = load_weights(lane, directory / ARTIFACT_WEIGHTS, device)
+    marks.append(time.perf_counter())
     backend = get_backend(manifest["backend"])
-    steps = backend.load(directory, DraftStep(drafter, manifest["with_probs"]),
-                         manifest["buckets"])
+    steps = backend.load(directory, DraftStep(drafter, manifest["with_probs"]), chosen)
+    marks.append(time.perf_counter())
     capture = device.type == "cuda" and not getattr(backend, "OWN_CUDA_GRAPH", False)
-    return Runner(manifest, drafter, steps, device, capture)
+    runner = Runner(manifest, drafter, steps, device, capture)
+    marks.append(time.perf_counter())
+    phases = ("manifest and sha256", "weights", "backend load", "warm-up and capture")
+    runner.load_seconds = {phase: round(b - a, 4)
+                           for phase, a, b in zip(phases, marks, marks[1:])}
+    runner.load_seconds["total"] = round(marks[-1] - marks[0], 4)
+    return runner

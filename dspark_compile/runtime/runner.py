@@ -48,6 +48,7 @@ class Runner:
     def __init__(self, manifest: dict, drafter: Drafter, steps: dict[int, Callable],
                  device: torch.device, capture: bool):
         self.manifest = manifest
+        self.load_seconds: dict[str, float] = {}  # load_runner's phases
         self.lane: LaneConfig = drafter.lane
         self.drafter = drafter
         self.buckets = sorted(steps)

@@ -84,7 +84,8 @@ def run_bench(drafter: Drafter, backends: list[str], buckets: list[int], context
     steps.close()
     return dict(lane=lane.to_dict(), context=context, repeats=repeats, warmup=warmup,
                 env=environment(device), ceilings=asdict(ceilings),
-                artifacts={b: str(p) for b, p in artifacts.items()}, rows=rows)
+                artifacts={b: str(p) for b, p in artifacts.items()},
+                load_seconds={b: r.load_seconds for b, r in runners.items()}, rows=rows)
 
 
 def bench(config: BenchConfig) -> Path:
@@ -98,6 +99,8 @@ def bench(config: BenchConfig) -> Path:
           + (" (on the CPU, caches make the floor indicative only)"
              if config.device == "cpu" else ""))
     print_table([{k: r[k] for k in COLUMNS} for r in result["rows"]])
+    print("load_runner: " + ", ".join(f"{backend} {phases['total']:.2f} s"
+                                      for backend, phases in result["load_seconds"].items()))
     stem = f"bench_{config.lane.name}_{result['env']['device_type']}"
     json_path, png_path = write(result, config.out_dir, stem)
     print(json_path)

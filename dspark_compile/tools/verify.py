@@ -39,4 +39,5 @@ def verify_artifact(artifact_dir: str | Path, device: str = "cpu", rounds: int =
             "tokens_compared": sum(a.tokens_compared for a in agreements),
             "near_ties": near_ties,
             "confidence_tolerance": agreements[0].confidence_tolerance,
-            "first_mismatch": mismatched[0].first_mismatch if mismatched else None}
+            "first_mismatch": mismatched[0].first_mismatch if mismatched else None,
+            "load_seconds": runner.load_seconds}

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dspark_compile.draft import KVCache, RoundInputs
-from dspark_compile.errors import InputError, RunnerBusyError
+from dspark_compile.errors import ArtifactError, ConfigError, InputError, RunnerBusyError
 from dspark_compile.draft import HostPath
 from dspark_compile.tools.rounds import synthetic_rounds
 from dspark_compile.runtime import Runner, load_runner
@@ -20,7 +20,7 @@ FRESH = """
 import sys
 from dspark_compile import load_runner
 runner = load_runner(sys.argv[1], sys.argv[2])
-print(runner.buckets, "hydra" in sys.modules, "onnxruntime" in sys.modules)
+print(runner.buckets, *(name in sys.modules for name in ("hydra", "onnxruntime", "torch._dynamo")))
 """
 
 
@@ -29,12 +29,12 @@ def runner(built_artifact, device):
     return load_runner(built_artifact("eager", "tiny"), device)
 
 
-def test_load_runner_in_a_fresh_process_imports_no_hydra(built_artifact, device):
+def test_load_runner_in_a_fresh_process_imports_no_hydra_and_no_compiler(built_artifact, device):
     artifact = built_artifact("eager", "tiny")
     result = subprocess.run([sys.executable, "-c", FRESH, str(artifact), device.type],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["[3]", "False", "False"]
+    assert result.stdout.split() == ["[3]", "False", "False", "False"]
 
 
 def test_admitting_past_the_largest_bucket_is_an_error(runner):
@@ -357,3 +357,56 @@ def test_a_decode_round_is_one_cuda_graph_replay(runner, device):
     runner.draft(prompt, slots)
     graphs, _ = launches(lambda: runner.draft(decode, slots), device)
     assert graphs == 1
+
+
+@pytest.fixture
+def two_buckets(tmp_path):
+    """An eager artifact with buckets 1 and 2, of its own (safe to damage)."""
+    from dspark_compile.checkpoint import random_drafter
+    from dspark_compile.compile import build_artifact
+    from dspark_compile.config import lane_config
+
+    drafter = random_drafter(lane_config("tiny"), "cpu", seed=0)
+    return build_artifact(drafter, "eager", [1, 2], tmp_path / "root")[0]
+
+
+def test_a_subset_of_buckets_drafts_as_the_whole_artifact_does(two_buckets):
+    whole, one = load_runner(two_buckets, "cpu"), load_runner(two_buckets, "cpu", buckets=[1])
+    assert (whole.buckets, one.buckets) == ([1, 2], [1])
+    assert one.cache.k.shape[0] == 1  # the cache holds the rows of the buckets loaded
+    outputs = []
+    for runner in (whole, one):
+        slot = runner.admit()
+        outputs.append([runner.draft(inputs, [slot]) for inputs in
+                        synthetic_rounds(runner.lane, 1, 24, 3, seed=5, device="cpu",
+                                         temperature=1.0)])
+    for a, b in zip(*outputs):
+        assert torch.equal(a.ids, b.ids) and torch.equal(a.confidences, b.confidences)
+    with pytest.raises(ConfigError, match=r"holds buckets \[1, 2\], asked for \[4\]"):
+        load_runner(two_buckets, "cpu", buckets=[4])
+
+
+def test_a_subset_load_still_checks_every_file(two_buckets):
+    import json
+
+    from dspark_compile.compile.key import file_sha256
+    from dspark_compile.compile.store import MANIFEST
+
+    # a payload of bucket 2 alone (as aoti's bucket2.pt2), then damaged
+    payload = two_buckets / "bucket2.bin"
+    payload.write_bytes(b"bucket 2")
+    manifest = json.loads((two_buckets / MANIFEST).read_text())
+    manifest["files"][payload.name] = file_sha256(payload)
+    (two_buckets / MANIFEST).write_text(json.dumps(manifest))
+    assert load_runner(two_buckets, "cpu", buckets=[1]).buckets == [1]
+    payload.write_bytes(b"bucket 3")
+    with pytest.raises(ArtifactError, match="bucket2.bin fails its sha256 check"):
+        load_runner(two_buckets, "cpu", buckets=[1])
+
+
+def test_the_runner_says_where_its_load_time_went(runner):
+    phases = ["manifest and sha256", "weights", "backend load", "warm-up and capture"]
+    assert list(runner.load_seconds) == phases + ["total"]
+    assert all(runner.load_seconds[p] >= 0 for p in phases)
+    assert runner.load_seconds["total"] == pytest.approx(
+        sum(runner.load_seconds[p] for p in phases), abs=1e-3)

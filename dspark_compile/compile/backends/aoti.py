@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch._inductor
 from torch import Tensor
 
 from dspark_compile.draft import DraftStep
@@ -31,6 +30,8 @@ def _package(out_dir: Path, bucket: int) -> Path:
 
 
 def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
+    import torch._inductor
+
     for bucket, i, n in progress.buckets(examples):
         progress.phase(f"exporting bucket {bucket} ({i}/{n})")
         with torch.no_grad():
@@ -45,10 +46,16 @@ def load(out_dir: Path, step: DraftStep, buckets: list[int]) -> dict[int, Callab
     weights = {**dict(step.named_parameters()), **dict(step.named_buffers())}
     runners = {}
     for bucket in buckets:
-        # single-threaded runner: no internal stream syncs, so it can sit in a CUDA graph
-        runner = torch._inductor.aoti_load_package(str(_package(out_dir, bucket)),
-                                                   run_single_threaded=True)
-        runner.load_constants({name: weights[name] for name in runner.get_constant_fqns()},
-                              check_full_update=True, user_managed=True)
-        runners[bucket] = runner
+        # The package's C++ loader itself: torch._inductor's Python wrapper of it imports
+        # Inductor and Dynamo (over a second of a cold start) and re-parses the output
+        # spec on every call. Single-threaded: no internal stream syncs, so it can sit in a
+        # CUDA graph.
+        loader = torch._C._aoti.AOTIModelPackageLoader(str(_package(out_dir, bucket)), "model",
+                                                      True, 1, -1)
+        loader.load_constants({name: weights[name] for name in loader.get_constant_fqns()},
+                              False, True, True)  # not inactive, check all, user-managed
+
+        def run(*inputs: Tensor, loader=loader) -> tuple[Tensor, ...]:
+            return tuple(loader.run(list(inputs)))
+        runners[bucket] = run
     return runners

@@ -1,8 +1,12 @@
-"""``torch.compile`` with reduce-overhead's options per bucket; the compiled kernels travel as
-Inductor's cache artifacts, so a fresh process skips Inductor and Triton code generation."""
+"""``torch.compile`` with reduce-overhead's options per bucket; the compiled graphs travel as
+Inductor's cache artifacts and the compiled C++ kernels beside them, so a fresh process
+skips Inductor's and Triton's code generation and the C++ compiler."""
 
 from __future__ import annotations
 
+import os
+import tarfile
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -14,6 +18,7 @@ from dspark_compile.draft import DraftStep
 from dspark_compile import progress
 
 PAYLOAD = "inductor_cache.bin"
+KERNELS = "inductor_kernels.tar"
 OWN_CUDA_GRAPH = True  # reduce-overhead records and replays its own graph
 
 
@@ -52,19 +57,58 @@ def _compiled(step: DraftStep) -> Callable:
 
 
 def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
-    compiled = _compiled(step)
-    with torch.no_grad():
-        for bucket, i, n in progress.buckets(examples):
-            progress.phase(f"tracing, lowering and compiling bucket {bucket} ({i}/{n})")
-            compiled(*examples[bucket])
-    progress.phase("saving Inductor's cache artifacts")
-    saved = torch.compiler.save_cache_artifacts()
-    if saved is None:
-        raise RuntimeError("Inductor produced no cache artifacts to save")
-    (out_dir / PAYLOAD).write_bytes(saved[0])
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    # a cache of its own, so every kernel the graphs use is compiled here and bundled
+    with tempfile.TemporaryDirectory() as private, temporary_cache_dir(private):
+        compiled = _compiled(step)
+        with torch.no_grad():
+            for bucket, i, n in progress.buckets(examples):
+                progress.phase(f"tracing, lowering and compiling bucket {bucket} ({i}/{n})")
+                compiled(*examples[bucket])
+        progress.phase("saving Inductor's cache artifacts and compiled kernels")
+        saved = torch.compiler.save_cache_artifacts()
+        if saved is None:
+            raise RuntimeError("Inductor produced no cache artifacts to save")
+        (out_dir / PAYLOAD).write_bytes(saved[0])
+        bundle_kernels(Path(private), out_dir / KERNELS)
+
+
+def bundle_kernels(cache: Path, tar_path: Path) -> None:
+    """The C++ kernels (``*.so``) Inductor compiled into ``cache``. Its cache artifacts
+    carry their source only: a CPU load compiled every one again (58 compiler runs, a
+    minute, for the tiny lane). Triton's binaries travel in the cache artifacts."""
+    with tarfile.open(tar_path, "w") as tar:
+        for path in sorted(cache.rglob("*.so")):
+            relative = path.relative_to(cache)
+            if relative.parts[0] != "triton":
+                tar.add(path, arcname=relative.as_posix())
+
+
+def unpack_kernels(tar_path: Path) -> None:
+    """The bundled kernels into Inductor's cache, where it looks for each kernel by the
+    hash of its source and compiler command (a torch installed elsewhere compiles them
+    again). Files there already are kept; each new one appears by one rename, so a
+    process loading at the same time never opens half a file."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    root = Path(cache_dir())
+    with tarfile.open(tar_path) as tar:
+        for member in tar.getmembers():
+            relative = Path(member.name)
+            if not member.isfile() or relative.is_absolute() or ".." in relative.parts:
+                raise RuntimeError(f"{tar_path}: unexpected member {member.name!r}")
+            target = root / relative
+            if target.exists():
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            part = target.with_name(f".{target.name}.{os.getpid()}.part")
+            part.write_bytes(tar.extractfile(member).read())
+            os.replace(part, target)
 
 
 def load(out_dir: Path, step: DraftStep, buckets: list[int]) -> dict[int, Callable]:
     torch.compiler.load_cache_artifacts((out_dir / PAYLOAD).read_bytes())
+    unpack_kernels(out_dir / KERNELS)
     compiled = _compiled(step)  # recompiles per bucket shape, each from the cache
     return {bucket: compiled for bucket in buckets}
