@@ -1,12 +1,13 @@
 """``torch.compile`` with reduce-overhead's options per bucket; the compiled graphs travel as
 Inductor's cache artifacts and the compiled C++ kernels beside them, so a fresh process
-skips Inductor's and Triton's code generation and the C++ compiler."""
+skips Inductor's and Triton's code generation and the C++ compiler (where the build's
+Inductor cache started empty; kernels found there already travel when the graphs load
+them, the CPU's ISA probes only when compiled)."""
 
 from __future__ import annotations
 
 import os
 import tarfile
-import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -57,32 +58,43 @@ def _compiled(step: DraftStep) -> Callable:
 
 
 def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
-    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
-
-    # a cache of its own, so every kernel the graphs use is compiled here and bundled
-    with tempfile.TemporaryDirectory() as private, temporary_cache_dir(private):
-        compiled = _compiled(step)
-        with torch.no_grad():
-            for bucket, i, n in progress.buckets(examples):
-                progress.phase(f"tracing, lowering and compiling bucket {bucket} ({i}/{n})")
-                compiled(*examples[bucket])
-        progress.phase("saving Inductor's cache artifacts and compiled kernels")
-        saved = torch.compiler.save_cache_artifacts()
-        if saved is None:
-            raise RuntimeError("Inductor produced no cache artifacts to save")
-        (out_dir / PAYLOAD).write_bytes(saved[0])
-        bundle_kernels(Path(private), out_dir / KERNELS)
-
-
-def bundle_kernels(cache: Path, tar_path: Path) -> None:
-    """The C++ kernels (``*.so``) Inductor compiled into ``cache``. Its cache artifacts
-    carry their source only: a CPU load compiled every one again (58 compiler runs, a
-    minute, for the tiny lane). Triton's binaries travel in the cache artifacts."""
-    with tarfile.open(tar_path, "w") as tar:
-        for path in sorted(cache.rglob("*.so")):
+    cache = inductor_cache()
+    before = set(cache.rglob("*.so"))
+    compiled = _compiled(step)
+    with torch.no_grad():
+        for bucket, i, n in progress.buckets(examples):
+            progress.phase(f"tracing, lowering and compiling bucket {bucket} ({i}/{n})")
+            compiled(*examples[bucket])
+    progress.phase("saving Inductor's cache artifacts and compiled kernels")
+    saved = torch.compiler.save_cache_artifacts()
+    if saved is None:
+        raise RuntimeError("Inductor produced no cache artifacts to save")
+    (out_dir / PAYLOAD).write_bytes(saved[0])
+    bundle = (mapped_libraries() | (set(cache.rglob("*.so")) - before))
+    with tarfile.open(out_dir / KERNELS, "w") as tar:
+        for path in sorted(p for p in bundle if p.is_relative_to(cache) and p.is_file()):
             relative = path.relative_to(cache)
-            if relative.parts[0] != "triton":
+            if relative.parts[0] != "triton":  # Triton's binaries are in the cache artifacts
                 tar.add(path, arcname=relative.as_posix())
+
+
+def inductor_cache() -> Path:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return Path(cache_dir()).resolve()
+
+
+def mapped_libraries() -> set[Path]:
+    """The shared libraries this process has mapped (``/proc/self/maps``; none listed
+    without ``/proc``). The compiled C++ kernels (``*.so`` in Inductor's cache) that a
+    build's graphs loaded, and the ones it compiled (the CPU's ISA probes among them), go
+    into the artifact: Inductor's cache artifacts carry their source only, and a CPU load
+    compiled every one again (58 compiler runs, a minute, for the tiny lane)."""
+    maps = Path("/proc/self/maps")
+    lines = maps.read_text().splitlines() if maps.exists() else []
+    # address, permissions, offset, device, inode, then the mapped file's path if any
+    return {Path(fields[5]) for fields in (line.split(maxsplit=5) for line in lines)
+            if len(fields) == 6 and fields[5].endswith(".so")}
 
 
 def unpack_kernels(tar_path: Path) -> None:
@@ -90,9 +102,7 @@ def unpack_kernels(tar_path: Path) -> None:
     hash of its source and compiler command (a torch installed elsewhere compiles them
     again). Files there already are kept; each new one appears by one rename, so a
     process loading at the same time never opens half a file."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    root = Path(cache_dir())
+    root = inductor_cache()
     with tarfile.open(tar_path) as tar:
         for member in tar.getmembers():
             relative = Path(member.name)
