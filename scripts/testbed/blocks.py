@@ -39,14 +39,24 @@ class Blocks:
     confidence_logits: Tensor
 
 
-def teacher_forced(drafter: Drafter, tokens: Tensor, valid: Tensor, features: Tensor,
-                   target_logits: Tensor, rows: Tensor, s: Tensor) -> Blocks:
+def context(drafter: Drafter, features: Tensor, valid: Tensor) -> KVCache:
+    """The drafter's cache of every position of sequences whose target features are
+    ``features [B, T, F]`` (``valid [B]`` real rows each): a block anchored at ``s`` sees
+    the positions before ``s`` only."""
+    lane = drafter.lane
+    cache = KVCache.allocate(lane, features.shape[0], features.device,
+                             max_context=features.shape[1])
+    drafter.append_context(cache.k, cache.v, features.to(lane.torch_dtype), valid, valid)
+    return cache
+
+
+def teacher_forced(drafter: Drafter, cache: KVCache, tokens: Tensor, target_logits: Tensor,
+                   rows: Tensor, s: Tensor) -> Blocks:
     """The blocks anchored at ``s [N]`` of sequences ``rows [N]`` of ``tokens [B, T]``
-    (``valid [B]`` real tokens each, every ``s + k < valid``), differentiable."""
+    over their :func:`context` ``cache`` (every ``s + k`` a real position),
+    differentiable."""
     lane = drafter.lane
     steps = torch.arange(lane.k, device=tokens.device)
-    cache = KVCache.allocate(lane, tokens.shape[0], tokens.device, max_context=tokens.shape[1])
-    drafter.append_context(cache.k, cache.v, features.to(lane.torch_dtype), valid, valid)
     # for the backward pass functionalized: each layer writes its block into the cache
     # another layer's attention saved; out of place, every version stays what it was
     forward = torch.func.functionalize(drafter) if torch.is_grad_enabled() else drafter

@@ -19,7 +19,7 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
-from blocks import Blocks, target_pass, teacher_forced
+from blocks import Blocks, context, target_pass, teacher_forced
 from data import DATA, load
 from dspark_compile import lane_config, load_checkpoint
 from dspark_compile.model import Drafter
@@ -44,9 +44,10 @@ def held_out_blocks(drafter: Drafter, target, sequences: list[Tensor], prompt_le
         features, logits = target_pass(target, tokens, lane.target_layer_ids)
         anchors = [(row, s) for row, t in enumerate(group)
                    for s in range(prompt_lengths[first + row], len(t) - lane.k)]
+        cache = context(drafter, features, valid)
         for start in range(0, len(anchors), chunk):
             rows, s = torch.tensor(anchors[start:start + chunk], device=device).T
-            yield teacher_forced(drafter, tokens, valid, features, logits, rows, s)
+            yield teacher_forced(drafter, cache, tokens, logits, rows, s)
 
 
 def validate(blocks: Iterator[Blocks]) -> dict:

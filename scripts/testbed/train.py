@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from blocks import Blocks, target_pass, teacher_forced
+from blocks import Blocks, context, target_pass, teacher_forced
 from data import DATA, load
 from dspark_compile import LaneConfig, lane_config, random_drafter, save_checkpoint
 from dspark_compile.checkpoint import cast_drafter
@@ -134,7 +134,9 @@ def train(target, lane: LaneConfig, sequences: list[Tensor], prompt_lengths: lis
         tokens, valid, first = (t.to(device) for t in next(data))
         features, logits = target_pass(target, tokens, lane.target_layer_ids)
         rows, s = anchors_in(valid, first, lane.k, anchors, gen)
-        total, metrics = loss(teacher_forced(drafter, tokens, valid, features, logits, rows, s))
+        blocks = teacher_forced(drafter, context(drafter, features, valid), tokens, logits,
+                                rows, s)
+        total, metrics = loss(blocks)
         optimizer.zero_grad(set_to_none=True)
         total.backward()
         torch.nn.utils.clip_grad_norm_(trained, 1.0)

@@ -12,7 +12,7 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="the dev extra has transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "testbed"))
-from blocks import target_pass, teacher_forced  # noqa: E402
+from blocks import context, target_pass, teacher_forced  # noqa: E402
 from data import generate  # noqa: E402
 from e2e import cache_slots, speculative, target_alone  # noqa: E402
 from evaluate import held_out_blocks, statistics, validate  # noqa: E402
@@ -85,8 +85,9 @@ def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
         anchors = [s for s in anchors if s + lane.k < sequence.shape[1]]
         features, logits = target_pass(target, sequence, lane.target_layer_ids)
         with torch.no_grad():
-            blocks = teacher_forced(loaded, sequence, torch.tensor([sequence.shape[1]]),
-                                    features, logits, torch.zeros(len(anchors), dtype=torch.long),
+            cache = context(loaded, features, torch.tensor([sequence.shape[1]]))
+            blocks = teacher_forced(loaded, cache, sequence, logits,
+                                    torch.zeros(len(anchors), dtype=torch.long),
                                     torch.tensor(anchors))
         leading = (blocks.z.argmax(-1) == blocks.labels).long().cumprod(-1).sum(-1)
         assert leading.tolist() == one["accepted"][:len(anchors)]
