@@ -29,14 +29,17 @@ class Blocks:
     """``N`` blocks of ``k`` positions: the backbone's rows ``h [N, k, H]``, base logits
     ``U [N, k, V]``, final logits ``z = U + bias(previous token)`` (rounded as the runtime
     rounds them, held in fp32), the true next
-    tokens ``labels [N, k]``, the target's logits there ``[N, k, V]`` and the confidence
-    head's logits ``[N, k]`` (before the sigmoid)."""
+    tokens ``labels [N, k]``, the target's logits there ``[N, k, V]``, the confidence
+    head's logits ``[N, k]`` (before the sigmoid), and each block's sequence and anchor
+    (``rows``, ``s``)."""
     h: Tensor
     base: Tensor
     z: Tensor
     labels: Tensor
     target_logits: Tensor
     confidence_logits: Tensor
+    rows: Tensor
+    s: Tensor
 
 
 def context(drafter: Drafter, features: Tensor, valid: Tensor) -> KVCache:
@@ -71,4 +74,4 @@ def teacher_forced(drafter: Drafter, cache: KVCache, tokens: Tensor, target_logi
         confidence_in = torch.cat([h, head.markov_w1(prevs)], -1)
     return Blocks(h, base, z, tokens[rows[:, None], s[:, None] + 1 + steps],
                   target_logits[rows[:, None], s[:, None] + steps],
-                  drafter.confidence_head.proj(confidence_in).squeeze(-1).float())
+                  drafter.confidence_head.proj(confidence_in).squeeze(-1).float(), rows, s)

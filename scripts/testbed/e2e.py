@@ -37,6 +37,22 @@ def prefill(llama: StaticLlama, prompts: list[list[int]], device) -> tuple[Tenso
     return logits[rows, lengths - 1], features, lengths
 
 
+class Mark:
+    """A point in the stream's time: a CUDA event on a GPU (read after the run), else the
+    host clock (where each call returns when its work is done)."""
+
+    def __init__(self, device: torch.device):
+        self.event = torch.cuda.Event(enable_timing=True) if device.type == "cuda" else None
+        if self.event is not None:
+            self.event.record()
+        self.host = time.perf_counter()
+
+    def seconds_to(self, later: "Mark") -> float:
+        if self.event is None:
+            return later.host - self.host
+        return self.event.elapsed_time(later.event) / 1e3
+
+
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -48,10 +64,11 @@ def cache_slots(prompts: list[list[int]], new_tokens: int, k: int) -> int:
     return max(map(len, prompts)) + (k + 1) * (new_tokens + 1)
 
 
-def target_alone(model, prompts, new_tokens: int, temperature: float, graphs: bool, taps,
-                 slots: int, device) -> tuple[list[list[int]], list[list[float]], float]:
-    """Plain generation, one target pass per token. Returns the new tokens, the gap between
-    the best two logits at each of them, and the seconds."""
+def target_alone(model, prompts, new_tokens: list[int], temperature: float, graphs: bool,
+                 taps, slots: int, device) -> tuple[list[list[int]], list[list[float]], float]:
+    """Plain generation, one target pass per token, ``new_tokens[row]`` tokens a row (the
+    batch runs until its longest is done). Returns the new tokens, the gap between the best
+    two logits at each of them, and the seconds."""
     B = len(prompts)
     llama = StaticLlama(model, B, slots, taps)
     step = captured(llama, B, 1) if graphs else llama.forward
@@ -60,7 +77,7 @@ def target_alone(model, prompts, new_tokens: int, temperature: float, graphs: bo
     start = time.perf_counter()
     last, _, position = prefill(llama, prompts, device)
     out, gaps = [], []
-    for _ in range(new_tokens):
+    for _ in range(max(new_tokens)):
         token = pick_target_token(last, temperature, seed, position)
         out.append(token)
         best = last.topk(2).values
@@ -69,18 +86,26 @@ def target_alone(model, prompts, new_tokens: int, temperature: float, graphs: bo
         last, position = logits[:, 0], position + 1
     sync()
     seconds = time.perf_counter() - start
-    return torch.stack(out, 1).tolist(), torch.stack(gaps, 1).tolist(), seconds
+    return ([t[:n] for t, n in zip(torch.stack(out, 1).tolist(), new_tokens)],
+            [g[:n] for g, n in zip(torch.stack(gaps, 1).tolist(), new_tokens)], seconds)
 
 
-def speculative(model, runner, prompts, new_tokens: int, temperature: float, graphs: bool,
-                slots: int, device) -> dict:
-    """Draft -> verify rounds until every row has ``new_tokens``: the tokens, the accepted
-    drafts per round and row, the seconds in all and in the drafter."""
+def speculative(model, runner, prompts, new_tokens: list[int], temperature: float,
+                graphs: bool, slots: int, device) -> dict:
+    """Draft -> verify rounds until every row has its ``new_tokens``: the tokens, the accepted
+    drafts per round and row, the seconds in all, and those of the draft and verification
+    on the device's stream (on a GPU the draft's span starts when the verification before
+    it ends).
+
+    One synchronisation a round, the runner's own: when its ids are on the host, the
+    previous round's verification is done too, so its outcome is read without waiting;
+    the loop learns that every row is done one draft late."""
     lane, B, k = runner.lane, len(prompts), runner.lane.k
     llama = StaticLlama(model, B, slots, lane.target_layer_ids)
     verify = captured(llama, B, k + 1) if graphs else llama.forward
     seed = torch.arange(B, device=device)
     temperatures = torch.full((B,), temperature, device=device)
+    rows = torch.arange(B, device=device)
     admitted = [runner.admit() for _ in range(B)]
     sync()
     start = time.perf_counter()
@@ -89,33 +114,39 @@ def speculative(model, runner, prompts, new_tokens: int, temperature: float, gra
     inputs = RoundInputs(features.to(lane.torch_dtype), lengths, anchor, lengths, temperatures,
                          seed)
     tokens = [[int(a)] for a in anchor]
-    accepted_log, confidence_log, draft_seconds = [], [], 0.0
-    while min(map(len, tokens)) < new_tokens:
-        begin = time.perf_counter()
+    accepted_log, confidence_log, draft_marks, verify_marks, pending = [], [], [], [], None
+    while True:
+        begin = Mark(device)
         out = runner.draft(inputs, admitted)
-        draft_seconds += time.perf_counter() - begin
-        drafted = out.ids.to(device)
-        position = inputs.anchor_pos
+        draft_marks.append((begin, Mark(device)))
+        if pending is not None:
+            for row, (a, e, c) in enumerate(zip(*(t.tolist() for t in pending))):
+                if len(tokens[row]) < new_tokens[row]:
+                    accepted_log.append(a)
+                    confidence_log.append(c)
+                tokens[row] += e[:a + 1]
+            if all(len(t) >= n for t, n in zip(tokens, new_tokens)):
+                break
+        position, drafted = inputs.anchor_pos, out.ids.to(device)
+        begin = Mark(device)
         logits, features = verify(torch.cat([inputs.anchor[:, None], drafted], 1), position)
+        verify_marks.append((begin, Mark(device)))
         if temperature > 0:
             p = torch.softmax(logits / temperature, -1)
             accepted, emitted = verify_sampling(drafted, out.probs, p, seed, position)
         else:
             accepted, emitted = verify_greedy(drafted, logits.argmax(-1))
-        rows = torch.arange(B, device=device)
         inputs = RoundInputs(features.to(lane.torch_dtype), accepted + 1, emitted[rows, accepted],
                              position + accepted + 1, temperatures, seed)
-        for row, (a, e) in enumerate(zip(accepted.tolist(), emitted.tolist())):
-            if len(tokens[row]) < new_tokens:
-                accepted_log.append(a)
-                confidence_log.append(out.confidences[row].tolist())
-            tokens[row] += e[:a + 1]
+        pending = (accepted, emitted, out.confidences)
     sync()
     seconds = time.perf_counter() - start
     for slot in admitted:
         runner.release(slot)
-    return dict(tokens=[t[:new_tokens] for t in tokens], accepted=accepted_log,
-                confidences=confidence_log, seconds=seconds, draft_seconds=draft_seconds)
+    span = lambda marks: sum(b.seconds_to(e) for b, e in marks)  # noqa: E731
+    return dict(tokens=[t[:n] for t, n in zip(tokens, new_tokens)], accepted=accepted_log,
+                confidences=confidence_log, seconds=seconds, draft_seconds=span(draft_marks),
+                verify_seconds=span(verify_marks))
 
 
 def summary(k: int, accepted: list[int], confidences: list[list[float]]) -> dict:
@@ -143,15 +174,25 @@ def main() -> None:
     parser.add_argument("--targets", nargs="+", default=["eager", "graph"],
                         choices=["eager", "graph"], help="the target eager, captured, or both")
     parser.add_argument("--prompts", type=int, default=16, help="held-out prompts per run")
-    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=256, help="the most a prompt gets")
+    parser.add_argument("--to-end-of-answer", action=argparse.BooleanOptionalAction,
+                        default=True, help="each prompt as many tokens as its held-out greedy "
+                        "answer has (it ends at the end of turn), up to --new-tokens")
     parser.add_argument("--artifacts-dir", default="artifacts")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--blas", default="cublaslt", choices=["cublas", "cublaslt"],
+                        help="the GEMM library on CUDA, both arms: cuBLASLt takes an fp32 "
+                             "pass of 8 tokens in 5.4 ms where cuBLAS takes 8.2 (passes.py)")
     args = parser.parse_args()
     device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.preferred_blas_library(args.blas)
     graphs_options = [g == "graph" for g in args.targets if device.type == "cuda" or g == "eager"]
     model = load_target(args.target, device)
     sequences, prompt_lengths = load(args.data).select(held_out=True, modes=("greedy",))
     held_out = [t[:n].tolist() for t, n in zip(sequences, prompt_lengths)][:args.prompts]
+    lengths = [min(args.new_tokens, len(t) - n) if args.to_end_of_answer else args.new_tokens
+               for t, n in zip(sequences, prompt_lengths)][:args.prompts]
     drafter = load_checkpoint(args.drafter, lane_config(LANE), device, verifier=args.target)
     taps, k = drafter.lane.target_layer_ids, drafter.lane.k
     rows = []
@@ -162,18 +203,21 @@ def main() -> None:
             runner = load_runner(path, device)
             for batch in args.batches:
                 for graphs in graphs_options:
-                    spec_s = base_s = draft_s = 0.0
+                    spec_s = base_s = draft_s = verify_s = 0.0
+                    generated = 0
                     accepted, confidences, same, compared, diverged = [], [], 0, 0, []
                     for first in range(0, len(held_out) - batch + 1, batch):
                         group = held_out[first:first + batch]
-                        slots = cache_slots(group, args.new_tokens, k)
-                        alone, gaps, seconds = target_alone(model, group, args.new_tokens,
-                                                            temperature, graphs, taps, slots,
-                                                            device)
-                        run = speculative(model, runner, group, args.new_tokens, temperature,
-                                          graphs, slots, device)
+                        wanted = lengths[first:first + batch]
+                        slots = cache_slots(group, max(wanted), k)
+                        alone, gaps, seconds = target_alone(model, group, wanted, temperature,
+                                                            graphs, taps, slots, device)
+                        run = speculative(model, runner, group, wanted, temperature, graphs,
+                                          slots, device)
+                        generated += sum(wanted)
                         base_s += seconds
                         spec_s, draft_s = spec_s + run["seconds"], draft_s + run["draft_seconds"]
+                        verify_s += run["verify_seconds"]
                         accepted += run["accepted"]
                         confidences += run["confidences"]
                         same += sum(a == b for a, b in zip(alone, run["tokens"]))
@@ -184,13 +228,14 @@ def main() -> None:
                                      for i in [next((i for i, (x, y) in enumerate(zip(a, b))
                                                      if x != y), None)] if i is not None]
                         compared += len(group)
-                    generated = compared * args.new_tokens
                     row = dict(backend=backend, batch=batch, temperature=temperature,
-                               target_graphs=graphs, requests=compared,
+                               blas=args.blas, target_graphs=graphs, requests=compared,
                                new_tokens=args.new_tokens,
+                               to_end_of_answer=args.to_end_of_answer, generated=generated,
                                target_alone_tokens_per_s=generated / base_s,
                                speculative_tokens_per_s=generated / spec_s,
                                speedup=base_s / spec_s, draft_share=draft_s / spec_s,
+                               verify_share=verify_s / spec_s,
                                **summary(k, accepted, confidences))
                     if temperature == 0:
                         row["identical_to_target_greedy"] = f"{same}/{compared}"

@@ -12,6 +12,7 @@ the final logits, and the confidence head's calibration (ECE per position).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Iterator
@@ -33,7 +34,8 @@ MARGINS = [0.0, 0.125, 0.5, 1.0, 2.0]
 @torch.no_grad()
 def held_out_blocks(drafter: Drafter, target, sequences: list[Tensor], prompt_lengths: list[int],
                     device: torch.device, batch: int = 8, chunk: int = 512) -> Iterator[Blocks]:
-    """Blocks anchored at every answer position ``s`` with ``k`` tokens after it."""
+    """Blocks anchored at every answer position ``s`` with ``k`` tokens after it; a block's
+    ``rows`` index ``sequences``."""
     lane = drafter.lane
     for first in range(0, len(sequences), batch):
         group = sequences[first:first + batch]
@@ -47,24 +49,43 @@ def held_out_blocks(drafter: Drafter, target, sequences: list[Tensor], prompt_le
         cache = context(drafter, features, valid)
         for start in range(0, len(anchors), chunk):
             rows, s = torch.tensor(anchors[start:start + chunk], device=device).T
-            yield teacher_forced(drafter, cache, tokens, logits, rows, s)
+            blocks = teacher_forced(drafter, cache, tokens, logits, rows, s)
+            yield dataclasses.replace(blocks, rows=blocks.rows + first)
 
 
 def validate(blocks: Iterator[Blocks]) -> dict:
-    """Greedy tokens per round (bonus included) and acceptance per position; DeepSpec's T = 1
-    estimate from each position's ``1 - TV(q, p)`` on the same tokens (on greedy answers it
-    over-estimates rounds that sample)."""
-    leading, accept = [], []
+    """Greedy tokens per round (bonus included) and acceptance per position, over every
+    anchor; the same over the rounds a greedy decode makes (from each answer's first
+    position, the next anchor after the accepted drafts and the target's token: the anchors
+    a round reaches are more often hard ones, where the previous round stopped); DeepSpec's
+    T = 1 estimate from each position's ``1 - TV(q, p)`` on the same tokens (on greedy
+    answers it over-estimates rounds that sample)."""
+    leading, accept, anchors = [], [], []
     for b in blocks:
         hits = b.z.argmax(-1) == b.labels
         leading.append(hits.long().cumprod(-1).sum(-1).cpu())
         tv = 0.5 * (b.z.softmax(-1) - b.target_logits.float().softmax(-1)).abs().sum(-1)
         accept.append((1 - tv).clamp(0, 1).cpu())
+        anchors += zip(b.rows.tolist(), b.s.tolist())
     leading, accept = torch.cat(leading), torch.cat(accept)
     k = accept.shape[1]
+    rounds = decode_rounds(dict(zip(anchors, leading.tolist())))
     return dict(blocks=len(leading), tokens_per_round=1 + leading.float().mean().item(),
                 acceptance_by_position=[(leading > j).float().mean().item() for j in range(k)],
+                decode_rounds=len(rounds), decode_tokens_per_round=1 + sum(rounds) / len(rounds),
                 t1_tokens_per_round_estimate=1 + accept.cumprod(-1).sum(-1).mean().item())
+
+
+def decode_rounds(accepted: dict[tuple[int, int], int]) -> list[int]:
+    """The accepted drafts of each round a greedy decode makes, given those of a round at
+    every anchor ``(sequence, s)``: each sequence from its first anchor while one is left."""
+    rounds = []
+    for row in sorted({r for r, _ in accepted}):
+        s = min(s for r, s in accepted if r == row)
+        while (row, s) in accepted:
+            rounds.append(accepted[row, s])
+            s += accepted[row, s] + 1
+    return rounds
 
 
 def ece(confidence: Tensor, outcome: Tensor, bins: int = 10) -> float:

@@ -6,7 +6,7 @@
 #   bash scripts/testbed/h200.sh receive aa       # keeps the piece in /tmp/testbed
 #   bash scripts/testbed/h200.sh convert ab       # joins, checks the sha256, GGUF -> bf16
 #   bash scripts/testbed/h200.sh data             # optional: the data again (else the committed)
-#   bash scripts/testbed/h200.sh train            # the drafter, and its validation curve
+#   bash scripts/testbed/h200.sh train            # the drafter (returned in pieces), its curve
 #   bash scripts/testbed/h200.sh e2e              # statistics, then through the runtime
 # Logs and results go to $OUT.
 set -euo pipefail
@@ -39,8 +39,15 @@ case ${1:?receive, convert, data, train or e2e} in
   train)  # on the data of the last `data` call, else on the committed data
     [ -f "$work/data.safetensors" ] || cp "$root/scripts/testbed/selfdistill.safetensors" "$work/data.safetensors"
     python3 scripts/testbed/train.py --target "$work/target" --data "$work/data.safetensors" \
-      --out "$work/drafter" --curve "$OUT/curve.json" ${TRAIN_ARGS:-} 2>&1 | tee "$OUT/train.log" ;;
-  e2e)
+      --out "$work/drafter" --curve "$OUT/curve.json" ${TRAIN_ARGS:-} 2>&1 | tee "$OUT/train.log"
+    # the drafter comes back in pieces under the 16 MiB a returned file may have; joined
+    # into testbed/drafter here, later calls carry it and skip training
+    mkdir -p "$OUT/drafter"
+    cp "$work"/drafter/*.json "$OUT/drafter/"
+    split -b 15M "$work/drafter/model.safetensors" "$OUT/drafter/model.safetensors." ;;
+  e2e)  # the drafter of the last `train` call, else a carried testbed/drafter
+    [ -d "$work/drafter" ] || cp -r "$root/testbed/drafter" "$work/drafter"
+    [ -f "$work/data.safetensors" ] || cp "$root/scripts/testbed/selfdistill.safetensors" "$work/data.safetensors"
     python3 scripts/testbed/evaluate.py --target "$work/target" --drafter "$work/drafter" \
       --data "$work/data.safetensors" --out "$OUT/statistics.json" 2>&1 | tee "$OUT/evaluate.log"
     python3 scripts/testbed/e2e.py --target "$work/target" --drafter "$work/drafter" \

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from speculators_reference import (HIDDEN, edit_config, load_reference, reference_draft,
+from speculators_reference import (edit_config, load_reference, reference_draft,
                                    write_checkpoint, write_verifier)
 
 from dspark_compile.checkpoint import load_checkpoint, save_checkpoint

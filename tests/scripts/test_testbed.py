@@ -68,16 +68,18 @@ def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
     runner = load_runner(build_artifact(loaded, "eager", [2], tmp_path / "artifacts")[0])
     requests = prompts[:2]
     slots = cache_slots(requests, 24, lane.k)
-    alone, _, _ = target_alone(target, requests, 24, 0.0, False, lane.target_layer_ids, slots,
-                               CPU)
-    run = speculative(target, runner, requests, 24, 0.0, False, slots, CPU)
+    wanted = [24, 17]  # tokens per request: a batch runs until its longest is done
+    alone, _, _ = target_alone(target, requests, wanted, 0.0, False, lane.target_layer_ids,
+                               slots, CPU)
+    run = speculative(target, runner, requests, wanted, 0.0, False, slots, CPU)
+    assert list(map(len, alone)) == wanted
     assert run["tokens"] == alone
     assert sum(run["accepted"]) > 0  # the trained drafter's tokens were accepted
 
     # each request's rounds, teacher-forced on its greedy answer, accept what the runtime's
     # rounds accepted
     for request, answer in zip(requests, alone):
-        one = speculative(target, runner, [request], 24, 0.0, False, slots, CPU)
+        one = speculative(target, runner, [request], [len(answer)], 0.0, False, slots, CPU)
         sequence = torch.tensor([request + answer])
         anchors = [len(request)]
         for accepted in one["accepted"][:-1]:
@@ -91,6 +93,11 @@ def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
                                     torch.tensor(anchors))
         leading = (blocks.z.argmax(-1) == blocks.labels).long().cumprod(-1).sum(-1)
         assert leading.tolist() == one["accepted"][:len(anchors)]
+        # and validation's decode over blocks at every anchor makes the same rounds
+        decode = validate(held_out_blocks(loaded, target, [sequence[0]], [len(request)], CPU))
+        assert decode["decode_rounds"] == len(anchors)
+        assert decode["decode_tokens_per_round"] == pytest.approx(
+            1 + sum(one["accepted"][:len(anchors)]) / len(anchors))
 
     blocks = lambda: held_out_blocks(loaded, target, [sequence[0]], [4], CPU)  # noqa: E731
     result, stats = validate(blocks()), statistics(blocks())

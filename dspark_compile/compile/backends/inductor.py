@@ -16,6 +16,7 @@ import torch._inductor
 from torch import Tensor
 
 from dspark_compile.draft import DraftStep
+from dspark_compile.kernels import markov
 from dspark_compile import progress
 
 PAYLOAD = "inductor_cache.bin"
@@ -45,6 +46,7 @@ def compile_options() -> dict:
 
 
 def _compiled(step: DraftStep) -> Callable:
+    markov.register()  # Dynamo traces the walk at the build and again at the load
     compiled = torch.compile(step, options=compile_options(), fullgraph=True, dynamic=False)
 
     def call(*inputs: Tensor) -> tuple[Tensor, ...]:

@@ -35,62 +35,39 @@ an element decides a near-tie. The benchmark and dspark-verify report the near-t
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from dspark_compile.kernels.markov import launch
+from dspark_compile.kernels.markov import launch  # noqa: F401  (the launch shapes)
 
-try:
-    import triton
-except ImportError:  # the CPU wheels of torch come without Triton
-    triton = None
-
-# Registered only where the kernels can run, on CUDA or in Triton's interpreter: triton_op
-# reads the function for its kernels through Inductor, a second of import time elsewhere.
-RUNNABLE = triton is not None and (torch.cuda.is_available()
-                                   or os.environ.get("TRITON_INTERPRET") == "1")
-
-if RUNNABLE:
-    from dspark_compile.kernels.markov.kernels import _markov_step_kernel, _markov_walk_kernel
-
-    @torch.library.triton_op("dspark::markov_walk", mutates_args=())
-    def markov_walk(w1: Tensor, w2: Tensor, base: Tensor, anchor: Tensor, temperature: Tensor,
-                    seed: Tensor, anchor_pos: Tensor, d2t: Optional[Tensor]) -> Tensor:
-        """Target ids ``[R, k]`` of the k vanilla Markov steps from ``anchor`` over the base
-        logits ``base [R, k, V]`` (see the module docstring)."""
-        R, k, V = base.shape
-        sms = (torch.cuda.get_device_properties(base.device).multi_processor_count
-               if base.is_cuda else 1)  # the interpreter's programs run one by one
-        shape = launch.launch_shape(R, V, w1.shape[1], sms)
-        programs, run = launch.grid(shape, triton.cdiv(V, shape.block), sms)
-        slots = (1 + shape.resident) * shape.rows * programs  # see the walk kernel
-        best = torch.empty(slots, dtype=torch.float64, device=base.device)
-        index = torch.empty(slots, dtype=torch.int32, device=base.device)
-        count = torch.zeros(k, dtype=torch.int32, device=base.device)
-        ids = torch.empty(R, k, dtype=torch.int64, device=base.device)
-        # the kernel reads every [R] input with stride 1, W1 / W2 rows and base rows packed
-        base, anchor, temperature, seed, anchor_pos, w1, w2 = (
-            t.contiguous() for t in (base, anchor, temperature, seed, anchor_pos, w1, w2))
-        args = (w1, w2, base, anchor, temperature, seed, anchor_pos,
-                anchor if d2t is None else d2t, best, index, count, ids, R, V)
-        options = dict(RANK=w1.shape[1], R_PAD=shape.rows, BLOCK=shape.block,
-                       PROGRAMS=programs, PARTS=launch.reduction_chunk(shape, programs),
-                       HAS_D2T=d2t is not None, num_warps=shape.warps,
-                       num_stages=shape.stages)
-        if shape.resident:
-            torch.library.wrap_triton(_markov_walk_kernel)[(programs,)](
-                *args, base.stride(0), K=k, **options)
-        else:
-            for step in range(k):
-                torch.library.wrap_triton(_markov_step_kernel)[(programs,)](
-                    *args, k, base.stride(0), step, RUN=run, **options)
-        return ids
+HAS_TRITON = importlib.util.find_spec("triton") is not None  # CPU wheels of torch lack it
+# where the kernels can run: on CUDA, or in Triton's interpreter
+RUNNABLE = HAS_TRITON and (torch.cuda.is_available()
+                           or os.environ.get("TRITON_INTERPRET") == "1")
+_registered = False
 
 
-else:
+def register() -> None:
+    """Registers ``dspark::markov_walk`` where it can run, once. Not at import:
+    ``triton_op`` imports Inductor and Dynamo (seconds), which a process that only loads an
+    ``aoti`` artifact never needs. What traces the walk (a build, ``inductor``'s load)
+    calls this first; an eager call registers it itself."""
+    global _registered
+    if RUNNABLE and not _registered:
+        from dspark_compile.kernels.markov import op  # noqa: F401  (registers on import)
+        _registered = True
 
-    def markov_walk(*args: object) -> Tensor:
+
+def markov_walk(w1: Tensor, w2: Tensor, base: Tensor, anchor: Tensor, temperature: Tensor,
+                seed: Tensor, anchor_pos: Tensor, d2t: Optional[Tensor]) -> Tensor:
+    """Target ids ``[R, k]`` of the k vanilla Markov steps from ``anchor`` over the base
+    logits ``base [R, k, V]`` (see the module docstring)."""
+    if not RUNNABLE:
         raise RuntimeError("the fused Markov step needs Triton on CUDA: pip install triton")
+    register()
+    return torch.ops.dspark.markov_walk(w1, w2, base, anchor, temperature, seed, anchor_pos,
+                                        d2t)
