@@ -22,7 +22,7 @@ from dspark_compile import RoundInputs, lane_config, load_checkpoint, load_runne
 from dspark_compile.compile import build_artifact
 from dspark_compile.speculative import verify_greedy, verify_sampling
 from dspark_compile.speculative.generate import pick_target_token
-from llama import StaticLlama, captured
+from llama import LINEARS, StaticLlama, captured
 from target import LANE, load_target
 
 
@@ -59,18 +59,19 @@ def sync() -> None:
 
 
 def cache_slots(prompts: list[list[int]], new_tokens: int, k: int) -> int:
-    """The target's cache in both arms: a row keeps drafting until the slowest has its
-    tokens, up to k + 1 a round."""
-    return max(map(len, prompts)) + (k + 1) * (new_tokens + 1)
+    """The target's cache in both arms: a speculative row may overshoot its tokens by k and
+    runs on two rounds before the loop knows it is done (then it stays where it is)."""
+    return max(map(len, prompts)) + new_tokens + 2 * (k + 1)
 
 
 def target_alone(model, prompts, new_tokens: list[int], temperature: float, graphs: bool,
-                 taps, slots: int, device) -> tuple[list[list[int]], list[list[float]], float]:
+                 taps, slots: int, device, linear: str = "torch"
+                 ) -> tuple[list[list[int]], list[list[float]], float]:
     """Plain generation, one target pass per token, ``new_tokens[row]`` tokens a row (the
     batch runs until its longest is done). Returns the new tokens, the gap between the best
     two logits at each of them, and the seconds."""
     B = len(prompts)
-    llama = StaticLlama(model, B, slots, taps)
+    llama = StaticLlama(model, B, slots, taps, linear)
     step = captured(llama, B, 1) if graphs else llama.forward
     seed = torch.arange(B, device=device)
     sync()
@@ -91,7 +92,7 @@ def target_alone(model, prompts, new_tokens: list[int], temperature: float, grap
 
 
 def speculative(model, runner, prompts, new_tokens: list[int], temperature: float,
-                graphs: bool, slots: int, device) -> dict:
+                graphs: bool, slots: int, device, linear: str = "torch") -> dict:
     """Draft -> verify rounds until every row has its ``new_tokens``: the tokens, the accepted
     drafts per round and row, the seconds in all, and those of the draft and verification
     on the device's stream (on a GPU the draft's span starts when the verification before
@@ -99,9 +100,10 @@ def speculative(model, runner, prompts, new_tokens: list[int], temperature: floa
 
     One synchronisation a round, the runner's own: when its ids are on the host, the
     previous round's verification is done too, so its outcome is read without waiting;
-    the loop learns that every row is done one draft late."""
+    the loop learns that a row is done one draft late, and from then on drafts it at the
+    same anchor with no new context (its target pass rewrites the same slots)."""
     lane, B, k = runner.lane, len(prompts), runner.lane.k
-    llama = StaticLlama(model, B, slots, lane.target_layer_ids)
+    llama = StaticLlama(model, B, slots, lane.target_layer_ids, linear)
     verify = captured(llama, B, k + 1) if graphs else llama.forward
     seed = torch.arange(B, device=device)
     temperatures = torch.full((B,), temperature, device=device)
@@ -115,6 +117,7 @@ def speculative(model, runner, prompts, new_tokens: list[int], temperature: floa
                          seed)
     tokens = [[int(a)] for a in anchor]
     accepted_log, confidence_log, draft_marks, verify_marks, pending = [], [], [], [], None
+    done, active = [False] * B, torch.ones(B, dtype=torch.bool, device=device)
     while True:
         begin = Mark(device)
         out = runner.draft(inputs, admitted)
@@ -125,8 +128,11 @@ def speculative(model, runner, prompts, new_tokens: list[int], temperature: floa
                     accepted_log.append(a)
                     confidence_log.append(c)
                 tokens[row] += e[:a + 1]
-            if all(len(t) >= n for t, n in zip(tokens, new_tokens)):
+            now = [len(t) >= n for t, n in zip(tokens, new_tokens)]
+            if all(now):
                 break
+            if now != done:
+                done, active = now, torch.tensor([not d for d in now], device=device)
         position, drafted = inputs.anchor_pos, out.ids.to(device)
         begin = Mark(device)
         logits, features = verify(torch.cat([inputs.anchor[:, None], drafted], 1), position)
@@ -136,8 +142,10 @@ def speculative(model, runner, prompts, new_tokens: list[int], temperature: floa
             accepted, emitted = verify_sampling(drafted, out.probs, p, seed, position)
         else:
             accepted, emitted = verify_greedy(drafted, logits.argmax(-1))
-        inputs = RoundInputs(features.to(lane.torch_dtype), accepted + 1, emitted[rows, accepted],
-                             position + accepted + 1, temperatures, seed)
+        step = torch.where(active, accepted + 1, 0)
+        inputs = RoundInputs(features.to(lane.torch_dtype), step,
+                             torch.where(active, emitted[rows, accepted], inputs.anchor),
+                             position + step, temperatures, seed)
         pending = (accepted, emitted, out.confidences)
     sync()
     seconds = time.perf_counter() - start
@@ -183,6 +191,9 @@ def main() -> None:
     parser.add_argument("--blas", default="cublaslt", choices=["cublas", "cublaslt"],
                         help="the GEMM library on CUDA, both arms: cuBLASLt takes an fp32 "
                              "pass of 8 tokens in 5.4 ms where cuBLAS takes 8.2 (passes.py)")
+    parser.add_argument("--linear", default="torch", choices=LINEARS,
+                        help="the target's linear layers in passes of up to 64 rows, both "
+                             "arms: F.linear, or linear.py's Triton kernel")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -211,9 +222,10 @@ def main() -> None:
                         wanted = lengths[first:first + batch]
                         slots = cache_slots(group, max(wanted), k)
                         alone, gaps, seconds = target_alone(model, group, wanted, temperature,
-                                                            graphs, taps, slots, device)
+                                                            graphs, taps, slots, device,
+                                                            args.linear)
                         run = speculative(model, runner, group, wanted, temperature, graphs,
-                                          slots, device)
+                                          slots, device, args.linear)
                         generated += sum(wanted)
                         base_s += seconds
                         spec_s, draft_s = spec_s + run["seconds"], draft_s + run["draft_seconds"]
@@ -229,7 +241,8 @@ def main() -> None:
                                                      if x != y), None)] if i is not None]
                         compared += len(group)
                     row = dict(backend=backend, batch=batch, temperature=temperature,
-                               blas=args.blas, target_graphs=graphs, requests=compared,
+                               blas=args.blas, linear=args.linear, target_graphs=graphs,
+                               requests=compared,
                                new_tokens=args.new_tokens,
                                to_end_of_answer=args.to_end_of_answer, generated=generated,
                                target_alone_tokens_per_s=generated / base_s,
