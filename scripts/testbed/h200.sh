@@ -8,6 +8,7 @@
 #   bash scripts/testbed/h200.sh data             # optional: the data again (else the committed)
 #   bash scripts/testbed/h200.sh train            # the drafter (returned in pieces), its curve
 #   bash scripts/testbed/h200.sh e2e              # statistics, then through the runtime
+#                                                 # (carry testbed/drafter to skip train)
 # Logs and results go to $OUT.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -22,6 +23,9 @@ print(pathlib.Path(next(iter(s.submodule_search_locations))) / 'SmolLM2-135M-Ins
   exit 0
 fi
 mkdir -p "$work"
+committed_data() {
+  [ -f "$work/data.safetensors" ] || cp "$root/scripts/testbed/selfdistill.safetensors" "$work/data.safetensors"
+}
 export PYTHONPATH=/tmp/site:$root PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
   "$root"/.whl/*.whl $(ls "$root"/testbed/pieces/*.whl 2>/dev/null)
@@ -29,6 +33,9 @@ case ${1:?receive, convert, data, train or e2e} in
   receive) cp "$root/testbed/pieces/gguf.$2" "$work/" ;;
   convert)
     cp "$root/testbed/pieces/gguf.$2" "$work/"
+    for piece in aa ab; do  # a cold machine or a failed transfer loses the first piece
+      [ -f "$work/gguf.$piece" ] || { echo "no $work/gguf.$piece: run 'receive $piece' first" >&2; exit 2; }
+    done
     cat "$work"/gguf.a? > "$work/SmolLM2-135M-Instruct.Q4_1.gguf"
     python3 scripts/testbed/target.py --gguf "$work/SmolLM2-135M-Instruct.Q4_1.gguf" \
       --out "$work/target" 2>&1 | tee "$OUT/convert.log" ;;
@@ -37,7 +44,7 @@ case ${1:?receive, convert, data, train or e2e} in
       ${DATA_ARGS:-} 2>&1 | grep -v "^greedy: \|^t1: \|^penalty: " | tee "$OUT/data.log"
     cp "$work/data.safetensors" "$OUT/selfdistill.safetensors" ;;
   train)  # on the data of the last `data` call, else on the committed data
-    [ -f "$work/data.safetensors" ] || cp "$root/scripts/testbed/selfdistill.safetensors" "$work/data.safetensors"
+    committed_data
     python3 scripts/testbed/train.py --target "$work/target" --data "$work/data.safetensors" \
       --out "$work/drafter" --curve "$OUT/curve.json" ${TRAIN_ARGS:-} 2>&1 | tee "$OUT/train.log"
     # the drafter comes back in pieces under the 16 MiB a returned file may have; joined
@@ -47,7 +54,7 @@ case ${1:?receive, convert, data, train or e2e} in
     split -b 15M "$work/drafter/model.safetensors" "$OUT/drafter/model.safetensors." ;;
   e2e)  # the drafter of the last `train` call, else a carried testbed/drafter
     [ -d "$work/drafter" ] || cp -r "$root/testbed/drafter" "$work/drafter"
-    [ -f "$work/data.safetensors" ] || cp "$root/scripts/testbed/selfdistill.safetensors" "$work/data.safetensors"
+    committed_data
     python3 scripts/testbed/evaluate.py --target "$work/target" --drafter "$work/drafter" \
       --data "$work/data.safetensors" --out "$OUT/statistics.json" 2>&1 | tee "$OUT/evaluate.log"
     python3 scripts/testbed/e2e.py --target "$work/target" --drafter "$work/drafter" \
