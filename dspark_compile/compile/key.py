@@ -11,7 +11,7 @@ import json
 import platform
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -83,11 +83,19 @@ def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(path: Path, offset: int = 0, length: Optional[int] = None) -> str:
+    """sha256 of the file's bytes from ``offset``, ``length`` of them (default: to the end).
+    hashlib releases the GIL while it hashes, so threads hash ranges in parallel."""
     digest = hashlib.sha256()
+    left = float("inf") if length is None else length
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            digest.update(chunk)
+        f.seek(offset)
+        while left > 0:
+            piece = f.read(int(min(left, 1 << 24)))
+            if not piece:
+                break
+            digest.update(piece)
+            left -= len(piece)
     return digest.hexdigest()
 
 

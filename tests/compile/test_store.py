@@ -1,3 +1,4 @@
+import hashlib
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import torch
 import dspark_compile
 from dspark_compile.compile import build_artifact
 from dspark_compile.compile.key import ArtifactKey, compiled_sources, environment
+from dspark_compile.compile import store
 from dspark_compile.compile.store import ARTIFACT_WEIGHTS, MANIFEST, read_manifest
 from dspark_compile.checkpoint import random_drafter
 from dspark_compile.config import lane_config
@@ -97,6 +99,47 @@ def test_tampered_payload_is_refused(artifact):
     (artifact / ARTIFACT_WEIGHTS).write_bytes(bytes(data))
     with pytest.raises(ArtifactError, match="weights.safetensors fails its sha256 check"):
         load_runner(artifact, "cpu")
+
+
+@pytest.fixture
+def chunked(tmp_path, monkeypatch):
+    """An eager artifact whose weights (370 KB) are past a 64 KiB chunk size."""
+    monkeypatch.setattr(store, "CHUNK_BYTES", 1 << 16)
+    drafter = random_drafter(lane_config("tiny"), "cpu", seed=0)
+    return build_artifact(drafter, "eager", [1], tmp_path / "root")[0]
+
+
+def test_a_large_file_has_a_sha256_for_each_chunk(chunked):
+    manifest = json.loads((chunked / MANIFEST).read_text())
+    data = (chunked / ARTIFACT_WEIGHTS).read_bytes()
+    record = manifest["chunks"][ARTIFACT_WEIGHTS]
+    size = 1 << 16
+    assert (record["bytes"], record["size"]) == (size, len(data)) and len(data) > 2 * size
+    assert record["sha256"] == [hashlib.sha256(data[i:i + size]).hexdigest()
+                                for i in range(0, len(data), size)]
+    assert manifest["files"][ARTIFACT_WEIGHTS] == hashlib.sha256(data).hexdigest()
+    assert list(manifest["chunks"]) == [ARTIFACT_WEIGHTS]  # the small manifest is whole
+
+
+@pytest.mark.parametrize("damage", ["a byte of the second chunk", "the last byte cut",
+                                    "a byte appended"])
+def test_a_damaged_chunk_is_refused(chunked, damage):
+    data = bytearray((chunked / ARTIFACT_WEIGHTS).read_bytes())
+    if damage == "a byte of the second chunk":
+        data[(1 << 16) + 5] ^= 1
+    elif damage == "the last byte cut":
+        data = data[:-1]
+    else:
+        data.append(0)
+    (chunked / ARTIFACT_WEIGHTS).write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="weights.safetensors fails its sha256 check"):
+        load_runner(chunked, "cpu")
+
+
+def test_a_malformed_chunk_record_is_refused(chunked):
+    edit_manifest(chunked, lambda m: m["chunks"][ARTIFACT_WEIGHTS]["sha256"].pop())
+    with pytest.raises(ArtifactError, match="one sha256 a chunk"):
+        load_runner(chunked, "cpu")
 
 
 def test_tampered_manifest_is_refused(artifact):
