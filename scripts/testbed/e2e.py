@@ -13,6 +13,7 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -65,11 +66,12 @@ def cache_slots(prompts: list[list[int]], new_tokens: int, k: int) -> int:
 
 
 def target_alone(model, prompts, new_tokens: list[int], temperature: float, graphs: bool,
-                 taps, slots: int, device, linear: str = "torch"
-                 ) -> tuple[list[list[int]], list[list[float]], float]:
+                 taps, slots: int, device, linear: str = "torch", margins: bool = False
+                 ) -> tuple[list[list[int]], Optional[list[list[float]]], float]:
     """Plain generation, one target pass per token, ``new_tokens[row]`` tokens a row (the
-    batch runs until its longest is done). Returns the new tokens, the gap between the best
-    two logits at each of them, and the seconds."""
+    batch runs until its longest is done). Returns the new tokens, with ``margins`` the gap
+    between the best two logits at each of them (else None: not in a timed run), and the
+    seconds."""
     B = len(prompts)
     llama = StaticLlama(model, B, slots, taps, linear)
     step = captured(llama, B, 1) if graphs else llama.forward
@@ -81,14 +83,17 @@ def target_alone(model, prompts, new_tokens: list[int], temperature: float, grap
     for _ in range(max(new_tokens)):
         token = pick_target_token(last, temperature, seed, position)
         out.append(token)
-        best = last.topk(2).values
-        gaps.append(best[:, 0] - best[:, 1])
+        if margins:
+            best = last.topk(2).values
+            gaps.append(best[:, 0] - best[:, 1])
         logits, _ = step(token[:, None], position)
         last, position = logits[:, 0], position + 1
     sync()
     seconds = time.perf_counter() - start
-    return ([t[:n] for t, n in zip(torch.stack(out, 1).tolist(), new_tokens)],
-            [g[:n] for g, n in zip(torch.stack(gaps, 1).tolist(), new_tokens)], seconds)
+    tokens = [t[:n] for t, n in zip(torch.stack(out, 1).tolist(), new_tokens)]
+    if not margins:
+        return tokens, None, seconds
+    return tokens, [g[:n] for g, n in zip(torch.stack(gaps, 1).tolist(), new_tokens)], seconds
 
 
 def speculative(model, runner, prompts, new_tokens: list[int], temperature: float,
@@ -221,9 +226,9 @@ def main() -> None:
                         group = held_out[first:first + batch]
                         wanted = lengths[first:first + batch]
                         slots = cache_slots(group, max(wanted), k)
-                        alone, gaps, seconds = target_alone(model, group, wanted, temperature,
-                                                            graphs, taps, slots, device,
-                                                            args.linear)
+                        alone, _, seconds = target_alone(model, group, wanted, temperature,
+                                                         graphs, taps, slots, device,
+                                                         args.linear)
                         run = speculative(model, runner, group, wanted, temperature, graphs,
                                           slots, device, args.linear)
                         generated += sum(wanted)
@@ -234,11 +239,15 @@ def main() -> None:
                         confidences += run["confidences"]
                         same += sum(a == b for a, b in zip(alone, run["tokens"]))
                         # where greedy outputs part: the target's own margin there (a pass of
-                        # k+1 tokens rounds its logits otherwise than a pass of one)
-                        diverged += [dict(request=first + r, position=i, gap=g[i])
-                                     for r, (a, b, g) in enumerate(zip(alone, run["tokens"], gaps))
-                                     for i in [next((i for i, (x, y) in enumerate(zip(a, b))
-                                                     if x != y), None)] if i is not None]
+                        # k+1 tokens rounds its logits otherwise than a pass of one), from a
+                        # run of its own, untimed
+                        parted = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y),
+                                       None) for a, b in zip(alone, run["tokens"])]
+                        if temperature == 0 and any(i is not None for i in parted):
+                            _, gaps, _ = target_alone(model, group, wanted, temperature, graphs,
+                                                      taps, slots, device, args.linear, True)
+                            diverged += [dict(request=first + r, position=i, gap=gaps[r][i])
+                                         for r, i in enumerate(parted) if i is not None]
                         compared += len(group)
                     row = dict(backend=backend, batch=batch, temperature=temperature,
                                blas=args.blas, linear=args.linear, target_graphs=graphs,

@@ -74,6 +74,14 @@ def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
     run = speculative(target, runner, requests, wanted, 0.0, False, slots, CPU)
     assert list(map(len, alone)) == wanted
     assert run["tokens"] == alone
+    # the margins an untimed run reports where outputs part: transformers' own top-2 gaps
+    same_tokens, margins, _ = target_alone(target, requests, wanted, 0.0, False,
+                                           lane.target_layer_ids, slots, CPU, margins=True)
+    assert same_tokens == alone
+    with torch.no_grad():
+        logits = target(torch.tensor([requests[0] + alone[0]])).logits[0]
+    best = logits[len(requests[0]) - 1:-1].topk(2).values
+    assert margins[0] == pytest.approx((best[:, 0] - best[:, 1]).tolist(), abs=1e-4)
     assert sum(run["accepted"]) > 0  # the trained drafter's tokens were accepted
 
     # each request's rounds, teacher-forced on its greedy answer, accept what the runtime's
