@@ -1,10 +1,10 @@
 """The target's forward over a static KV cache, for timing: transformers' own Llama modules
-(norms, MLPs, projections, rotary embedding) with the attention over a fixed cache
-``[layers, B, kv_heads, slots, head_dim]`` written at per-row positions. Shapes are fixed
-for a given (batch, new tokens), so a pass can be captured as one CUDA graph; plain
-generation and speculative verification use this one implementation. Its linear layers are
-``F.linear`` or, with ``linear="triton"``, ``linear.linear`` in passes of at most
-``SMALL_PASS`` rows (prompts keep ``F.linear``)."""
+(norms, rotary embedding, the MLP's activation) and weights (the bias-free projections),
+with the attention over a fixed cache ``[layers, B, kv_heads, slots, head_dim]`` written at
+per-row positions. Shapes are fixed for a given (batch, new tokens), so a pass can be
+captured as one CUDA graph; plain generation and speculative verification use this one
+implementation. Its linear layers are ``F.linear`` or, with ``linear="triton"``,
+``linear.linear`` in passes of at most ``SMALL_PASS`` rows (prompts keep ``F.linear``)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ class StaticLlama:
         if linear not in LINEARS:
             raise ValueError(f"linear={linear!r}: one of {LINEARS}")
         config = model.config
+        if config.attention_bias or config.mlp_bias:
+            raise ValueError("the projections are applied as F.linear without a bias")
         self.model, self.taps, self.slots = model, taps, slots
         self.small_linear = F.linear
         if linear == "triton":
