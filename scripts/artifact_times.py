@@ -98,6 +98,9 @@ def main() -> None:
     root = args.root or tempfile.mkdtemp(prefix="dspark-artifacts-")
     buckets = ",".join(map(str, args.buckets))
     results = []
+    out = dict(command=" ".join([Path(sys.executable).name, *sys.argv]), lane=args.lane,
+               device=args.device, results=results)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     for backend in args.backends:
         print(f"{backend}: building ...", flush=True)
         with tempfile.TemporaryDirectory() as cache:
@@ -122,11 +125,11 @@ def main() -> None:
                                      / 2**20, 1))
         results.append(row)
         print(json.dumps(row), flush=True)
+        # after each backend: a run cut short keeps what it measured
+        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     from dspark_compile.compile.key import environment
 
-    out = dict(command=" ".join([Path(sys.executable).name, *sys.argv]), lane=args.lane,
-               device=args.device, env=environment(args.device), results=results)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    out["env"] = environment(args.device)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     print(f"{'backend':10} {'build s':>8} {'cold s':>7} {'floor s':>8} {'verify':>8} {'MB':>8}")
     for r in results:
