@@ -133,17 +133,16 @@ _SCHEMA = {"format_version": int, "key": str, "lane": dict, "weights_sha256": st
 
 def hashes(directory: Path) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
     """Each file's sha256, and for a file past :data:`CHUNK_BYTES` each chunk's."""
-    paths = [p for p in sorted(directory.iterdir()) if p.is_file()]
-    large = [p for p in paths if p.stat().st_size > CHUNK_BYTES]
-    ranges = [(p, offset, CHUNK_BYTES) for p in large
-              for offset in range(0, p.stat().st_size, CHUNK_BYTES)]
+    sizes = {p: p.stat().st_size for p in sorted(directory.iterdir()) if p.is_file()}
     with _pool() as pool:
-        whole = pool.map(file_sha256, paths)
-        parts = list(pool.map(lambda r: file_sha256(*r), ranges))
-        files = dict(zip((p.name for p in paths), whole))
-    chunks = {p.name: {"bytes": CHUNK_BYTES, "size": p.stat().st_size,
-                       "sha256": [sha for (q, _, _), sha in zip(ranges, parts) if q == p]}
-              for p in large}
+        whole = {p: pool.submit(file_sha256, p) for p in sizes}
+        parts = {p: [pool.submit(file_sha256, p, offset, CHUNK_BYTES)
+                     for offset in range(0, size, CHUNK_BYTES)]
+                 for p, size in sizes.items() if size > CHUNK_BYTES}
+        files = {p.name: future.result() for p, future in whole.items()}
+        chunks = {p.name: {"bytes": CHUNK_BYTES, "size": sizes[p],
+                           "sha256": [future.result() for future in futures]}
+                  for p, futures in parts.items()}
     return files, chunks
 
 

@@ -79,9 +79,11 @@ def validate(blocks: Iterator[Blocks]) -> dict:
 def decode_rounds(accepted: dict[tuple[int, int], int]) -> list[int]:
     """The accepted drafts of each round a greedy decode makes, given those of a round at
     every anchor ``(sequence, s)``: each sequence from its first anchor while one is left."""
+    first: dict[int, int] = {}
+    for row, s in accepted:
+        first[row] = min(first.get(row, s), s)
     rounds = []
-    for row in sorted({r for r, _ in accepted}):
-        s = min(s for r, s in accepted if r == row)
+    for row, s in sorted(first.items()):
         while (row, s) in accepted:
             rounds.append(accepted[row, s])
             s += accepted[row, s] + 1
