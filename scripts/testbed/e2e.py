@@ -23,7 +23,7 @@ from dspark_compile import RoundInputs, lane_config, load_checkpoint, load_runne
 from dspark_compile.compile import build_artifact
 from dspark_compile.speculative import verify_greedy, verify_sampling
 from dspark_compile.speculative.generate import pick_target_token
-from llama import LINEARS, StaticLlama, captured
+from llama import StaticLlama, captured
 from target import LANE, load_target
 
 
@@ -66,14 +66,14 @@ def cache_slots(prompts: list[list[int]], new_tokens: int, k: int) -> int:
 
 
 def target_alone(model, prompts, new_tokens: list[int], temperature: float, graphs: bool,
-                 taps, slots: int, device, linear: str = "torch", margins: bool = False
+                 taps, slots: int, device, margins: bool = False
                  ) -> tuple[list[list[int]], Optional[list[list[float]]], float]:
     """Plain generation, one target pass per token, ``new_tokens[row]`` tokens a row (the
     batch runs until its longest is done). Returns the new tokens, with ``margins`` the gap
     between the best two logits at each of them (else None: not in a timed run), and the
     seconds."""
     B = len(prompts)
-    llama = StaticLlama(model, B, slots, taps, linear)
+    llama = StaticLlama(model, B, slots, taps)
     step = captured(llama, B, 1) if graphs else llama.forward
     seed = torch.arange(B, device=device)
     sync()
@@ -97,7 +97,7 @@ def target_alone(model, prompts, new_tokens: list[int], temperature: float, grap
 
 
 def speculative(model, runner, prompts, new_tokens: list[int], temperature: float,
-                graphs: bool, slots: int, device, linear: str = "torch") -> dict:
+                graphs: bool, slots: int, device) -> dict:
     """Draft -> verify rounds until every row has its ``new_tokens``: the tokens, the accepted
     drafts per round and row, the seconds in all, and those of the draft and verification
     on the device's stream (on a GPU the draft's span starts when the verification before
@@ -108,7 +108,7 @@ def speculative(model, runner, prompts, new_tokens: list[int], temperature: floa
     the loop learns that a row is done one draft late, and from then on drafts it at the
     same anchor with no new context (its target pass rewrites the same slots)."""
     lane, B, k = runner.lane, len(prompts), runner.lane.k
-    llama = StaticLlama(model, B, slots, lane.target_layer_ids, linear)
+    llama = StaticLlama(model, B, slots, lane.target_layer_ids)
     verify = captured(llama, B, k + 1) if graphs else llama.forward
     seed = torch.arange(B, device=device)
     temperatures = torch.full((B,), temperature, device=device)
@@ -196,9 +196,6 @@ def main() -> None:
     parser.add_argument("--blas", default="cublaslt", choices=["cublas", "cublaslt"],
                         help="the GEMM library on CUDA, both arms: cuBLASLt takes an fp32 "
                              "pass of 8 tokens in 5.4 ms where cuBLAS takes 8.2 (passes.py)")
-    parser.add_argument("--linear", default="torch", choices=LINEARS,
-                        help="the target's linear layers in passes of up to 64 rows, both "
-                             "arms: F.linear, or linear.py's Triton kernel")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -227,10 +224,9 @@ def main() -> None:
                         wanted = lengths[first:first + batch]
                         slots = cache_slots(group, max(wanted), k)
                         alone, _, seconds = target_alone(model, group, wanted, temperature,
-                                                         graphs, taps, slots, device,
-                                                         args.linear)
+                                                         graphs, taps, slots, device)
                         run = speculative(model, runner, group, wanted, temperature, graphs,
-                                          slots, device, args.linear)
+                                          slots, device)
                         generated += sum(wanted)
                         base_s += seconds
                         spec_s, draft_s = spec_s + run["seconds"], draft_s + run["draft_seconds"]
@@ -245,12 +241,12 @@ def main() -> None:
                                        None) for a, b in zip(alone, run["tokens"])]
                         if temperature == 0 and any(i is not None for i in parted):
                             _, gaps, _ = target_alone(model, group, wanted, temperature, graphs,
-                                                      taps, slots, device, args.linear, True)
+                                                      taps, slots, device, True)
                             diverged += [dict(request=first + r, position=i, gap=gaps[r][i])
                                          for r, i in enumerate(parted) if i is not None]
                         compared += len(group)
                     row = dict(backend=backend, batch=batch, temperature=temperature,
-                               blas=args.blas, linear=args.linear, target_graphs=graphs,
+                               blas=args.blas, target_graphs=graphs,
                                requests=compared,
                                new_tokens=args.new_tokens,
                                to_end_of_answer=args.to_end_of_answer, generated=generated,

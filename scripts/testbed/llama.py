@@ -3,8 +3,7 @@
 with the attention over a fixed cache ``[layers, B, kv_heads, slots, head_dim]`` written at
 per-row positions. Shapes are fixed for a given (batch, new tokens), so a pass can be
 captured as one CUDA graph; plain generation and speculative verification use this one
-implementation. Its linear layers are ``F.linear`` or, with ``linear="triton"``,
-``linear.linear`` in passes of at most ``SMALL_PASS`` rows (prompts keep ``F.linear``)."""
+implementation."""
 
 from __future__ import annotations
 
@@ -16,23 +15,12 @@ from torch import Tensor
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 
-LINEARS = ("torch", "triton")
-SMALL_PASS = 64  # rows up to which linear="triton" applies: decoding and verification
-
-
 class StaticLlama:
-    def __init__(self, model: torch.nn.Module, batch: int, slots: int, taps: list[int],
-                 linear: str = "torch"):
-        if linear not in LINEARS:
-            raise ValueError(f"linear={linear!r}: one of {LINEARS}")
+    def __init__(self, model: torch.nn.Module, batch: int, slots: int, taps: list[int]):
         config = model.config
         if config.attention_bias or config.mlp_bias:
             raise ValueError("the projections are applied as F.linear without a bias")
         self.model, self.taps, self.slots = model, taps, slots
-        self.small_linear = F.linear
-        if linear == "triton":
-            from linear import linear as small_linear  # Triton, imported only if asked
-            self.small_linear = small_linear
         self.kv_heads, self.head_dim = config.num_key_value_heads, config.head_dim
         shape = (config.num_hidden_layers, batch, self.kv_heads, slots, self.head_dim)
         device, dtype = model.device, model.dtype
@@ -53,26 +41,25 @@ class StaticLlama:
         keys = torch.arange(self.slots, device=tokens.device)
         visible = (keys[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, n, slots]
         batch = torch.arange(B, device=tokens.device)[:, None].expand(B, n)
-        lin = self.small_linear if B * n <= SMALL_PASS else F.linear
         features = []
         for i, layer in enumerate(inner.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
-            q = lin(h, attn.q_proj.weight).view(B, n, -1, self.head_dim).transpose(1, 2)
-            k = lin(h, attn.k_proj.weight).view(B, n, -1, self.head_dim).transpose(1, 2)
-            v = lin(h, attn.v_proj.weight).view(B, n, -1, self.head_dim).transpose(1, 2)
+            q = F.linear(h, attn.q_proj.weight).view(B, n, -1, self.head_dim).transpose(1, 2)
+            k = F.linear(h, attn.k_proj.weight).view(B, n, -1, self.head_dim).transpose(1, 2)
+            v = F.linear(h, attn.v_proj.weight).view(B, n, -1, self.head_dim).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             self.k[i][batch, :, positions] = k.transpose(1, 2)
             self.v[i][batch, :, positions] = v.transpose(1, 2)
             out = F.scaled_dot_product_attention(q, self.k[i], self.v[i], attn_mask=visible,
                                                  scale=attn.scaling, enable_gqa=True)
-            x = x + lin(out.transpose(1, 2).reshape(B, n, -1), attn.o_proj.weight)
+            x = x + F.linear(out.transpose(1, 2).reshape(B, n, -1), attn.o_proj.weight)
             h, mlp = layer.post_attention_layernorm(x), layer.mlp
-            up = mlp.act_fn(lin(h, mlp.gate_proj.weight)) * lin(h, mlp.up_proj.weight)
-            x = x + lin(up, mlp.down_proj.weight)
+            up = mlp.act_fn(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight)
+            x = x + F.linear(up, mlp.down_proj.weight)
             if i in self.taps:
                 features.append(x)
-        logits = lin(inner.norm(x), self.model.lm_head.weight).float()
+        logits = F.linear(inner.norm(x), self.model.lm_head.weight).float()
         order = sorted(self.taps)
         return logits, torch.cat([features[order.index(t)] for t in self.taps], -1)
 

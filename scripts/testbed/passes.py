@@ -1,6 +1,6 @@
 """The target's pass time by tokens per pass (``llama.StaticLlama``, one CUDA graph each):
 what a verification pass of k + 1 tokens costs against a decoding pass of one, in fp32
-(cuBLAS, cuBLASLt, and ``linear.py``'s Triton kernel for the linear layers) and bf16. The
+(cuBLAS and cuBLASLt) and bf16. The
 speed-up of speculative decoding is bounded by tokens per round x (1-token pass) /
 (verification pass + draft round). ``--profile`` writes the kernels of each fp32 pass at
 batch 1, by total time.
@@ -20,8 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 from llama import StaticLlama, captured
 from target import load_target
 
-VARIANTS = [("float32", "cublas", "torch"), ("float32", "cublaslt", "torch"),
-            ("float32", "cublaslt", "triton"), ("bfloat16", "cublas", "torch")]
+VARIANTS = [("float32", "cublas"), ("float32", "cublaslt"), ("bfloat16", "cublas")]
 
 
 def timed(run, tokens, start, repeats: int) -> float:
@@ -56,21 +55,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--profile", type=Path, default=None, help="a folder for the tables")
     args = parser.parse_args()
-    for dtype, blas, linear in VARIANTS:
+    for dtype, blas in VARIANTS:
         torch.backends.cuda.preferred_blas_library(blas)
         model = load_target(args.target, "cuda", getattr(torch, dtype))
         for batch in args.batches:
             for n in args.tokens:
-                llama = StaticLlama(model, batch, args.slots, [1, 15, 28], linear)
+                llama = StaticLlama(model, batch, args.slots, [1, 15, 28])
                 tokens = torch.randint(0, 49152, (batch, n), device="cuda")
                 start = torch.full((batch,), 300, device="cuda")
                 ms = timed(captured(llama, batch, n), tokens, start, args.repeats)
-                print(json.dumps(dict(dtype=dtype, blas=blas, linear=linear, batch=batch,
+                print(json.dumps(dict(dtype=dtype, blas=blas, batch=batch,
                                       tokens=n, ms=ms)), flush=True)
                 if args.profile and batch == 1 and n in (1, max(args.tokens)):
                     args.profile.mkdir(parents=True, exist_ok=True)
                     kernels(llama, tokens, start,
-                            args.profile / f"{dtype}_{blas}_{linear}_{n}.txt")
+                            args.profile / f"{dtype}_{blas}_{n}.txt")
 
 
 if __name__ == "__main__":
