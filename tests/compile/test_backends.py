@@ -165,13 +165,17 @@ def test_two_inductor_steps_that_differ_in_a_constant_never_share_a_graph():
 
 LOAD_AND_DRAFT = """
 import sys
-from dspark_compile.compile.backends.inductor import inductor_cache, mapped_libraries
+from dspark_compile.compile.backends.inductor import (TRITON_FOLDER, inductor_cache,
+                                                      mapped_libraries, triton_caches)
 from dspark_compile.runtime import load_runner
 from dspark_compile.tools.rounds import synthetic_rounds
 runner = load_runner(sys.argv[1], sys.argv[2])
 runner.draft(next(synthetic_rounds(runner.lane, 1, 24, 1, 0, sys.argv[2])), [runner.admit()])
 cache = inductor_cache()
 for path in sorted(mapped_libraries()):
+    for root in triton_caches():
+        if path.is_relative_to(root):
+            print(TRITON_FOLDER + "/" + path.relative_to(root).as_posix())
     if path.is_relative_to(cache) and path.relative_to(cache).parts[0] != "triton":
         print(path.relative_to(cache).as_posix())
 """
@@ -179,8 +183,9 @@ for path in sorted(mapped_libraries()):
 
 def test_an_inductor_artifact_loads_with_every_kernel_from_its_bundle(built_artifact, device,
                                                                       tmp_path):
-    """A fresh process with an empty Inductor cache runs the step on kernels from the
-    artifact's bundle only: a kernel compiled again would be one the bundle lacks."""
+    """A fresh process with empty Inductor and Triton caches runs the step on kernels and
+    Triton launchers from the artifact's bundle only: one compiled again would be one the
+    bundle lacks."""
     import os
     import subprocess
     import sys
@@ -191,11 +196,14 @@ def test_an_inductor_artifact_loads_with_every_kernel_from_its_bundle(built_arti
     artifact = built_artifact("inductor", "tiny")
     with tarfile.open(artifact / KERNELS) as tar:
         bundled = {member.name for member in tar.getmembers()}
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor-cache"))
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor-cache"),
+               TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
     result = subprocess.run([sys.executable, "-c", LOAD_AND_DRAFT, str(artifact), device.type],
                             capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     loaded = set(result.stdout.split())
     if device.type == "cpu":
         assert loaded  # Inductor's CPU kernels are C++ libraries
+    else:
+        assert any(name.startswith("triton-cache/") for name in loaded)  # its launchers
     assert loaded <= bundled

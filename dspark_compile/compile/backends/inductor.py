@@ -1,11 +1,12 @@
 """``torch.compile`` with reduce-overhead's options per bucket; the compiled graphs travel as
-Inductor's cache artifacts and the compiled C++ kernels beside them, so a fresh process
-skips Inductor's and Triton's code generation and the C++ compiler (where the build's
-Inductor cache started empty; kernels found there already travel when the graphs load
-them, the CPU's ISA probes only when compiled)."""
+Inductor's cache artifacts, and beside them the compiled C++ kernels and Triton's compiled
+launchers, so a fresh process skips Inductor's and Triton's code generation and the C and
+C++ compilers (where the build's Inductor cache started empty; kernels found there already
+travel when the graphs load them, the CPU's ISA probes only when compiled)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tarfile
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Callable
 import torch
 import torch._inductor
 from torch import Tensor
+from torch._inductor.runtime.cache_dir_utils import cache_dir, triton_cache_dir
 
 from dspark_compile.draft import DraftStep
 from dspark_compile.kernels import markov
@@ -21,6 +23,7 @@ from dspark_compile import progress
 
 PAYLOAD = "inductor_cache.bin"
 KERNELS = "inductor_kernels.tar"
+TRITON_FOLDER = "triton-cache"  # the tar's folder for Triton's launchers
 OWN_CUDA_GRAPH = True  # reduce-overhead records and replays its own graph
 
 
@@ -72,26 +75,50 @@ def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: P
     if saved is None:
         raise RuntimeError("Inductor produced no cache artifacts to save")
     (out_dir / PAYLOAD).write_bytes(saved[0])
-    bundle = (mapped_libraries() | (set(cache.rglob("*.so")) - before))
     with tarfile.open(out_dir / KERNELS, "w") as tar:
-        for path in sorted(p for p in bundle if p.is_relative_to(cache) and p.is_file()):
-            relative = path.relative_to(cache)
-            if relative.parts[0] != "triton":  # Triton's binaries are in the cache artifacts
-                tar.add(path, arcname=relative.as_posix())
+        for name, path in sorted(bundled_files(before).items()):
+            tar.add(path, arcname=name)
+
+
+def bundled_files(before: set[Path]) -> dict[str, Path]:
+    """The files a load would otherwise compile again, by their names in the tar: the C++
+    kernels of Inductor's cache that this process mapped or compiled since ``before`` was
+    listed (the cache artifacts carry their source only; the CPU's ISA probes among them),
+    not its ``triton`` folder (Triton's binaries are in the artifacts); and the launchers
+    Triton compiled with the C compiler and this process mapped, from Triton's cache as it
+    is now (Inductor points it into its own where unset) or its default."""
+    inductor = inductor_cache()
+    mapped = mapped_libraries()
+    files = {}
+    for path in mapped | (set(inductor.rglob("*.so")) - before):
+        if path.is_relative_to(inductor) and path.is_file():
+            relative = path.relative_to(inductor)
+            if relative.parts[0] != "triton":
+                files[relative.as_posix()] = path
+    for root in triton_caches():
+        for path in mapped:
+            if path.is_relative_to(root) and path.is_file():
+                files[f"{TRITON_FOLDER}/{path.relative_to(root).as_posix()}"] = path
+    return files
 
 
 def inductor_cache() -> Path:
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
     return Path(cache_dir()).resolve()
+
+
+def triton_caches() -> set[Path]:
+    """Where this process's Triton keeps its launchers: its cache directory now and its
+    default one; none without Triton."""
+    if importlib.util.find_spec("triton") is None:
+        return set()
+    from triton import knobs
+
+    return {Path(knobs.cache.dir).resolve(), Path(knobs.cache.get_triton_dir("cache")).resolve()}
 
 
 def mapped_libraries() -> set[Path]:
     """The shared libraries this process has mapped (``/proc/self/maps``; none listed
-    without ``/proc``). The compiled C++ kernels (``*.so`` in Inductor's cache) that a
-    build's graphs loaded, and the ones it compiled (the CPU's ISA probes among them), go
-    into the artifact: Inductor's cache artifacts carry their source only, and a CPU load
-    compiled every one again (58 compiler runs, a minute, for the tiny lane)."""
+    without ``/proc``)."""
     maps = Path("/proc/self/maps")
     lines = maps.read_text().splitlines() if maps.exists() else []
     # address, permissions, offset, device, inode, then the mapped file's path if any
@@ -99,17 +126,21 @@ def mapped_libraries() -> set[Path]:
             if len(fields) == 6 and fields[5].endswith(".so")}
 
 
-def unpack_kernels(tar_path: Path) -> None:
-    """The bundled kernels into Inductor's cache, where it looks for each kernel by the
-    hash of its source and compiler command (a torch installed elsewhere compiles them
-    again). Files there already are kept; each new one appears by one rename, so a
-    process loading at the same time never opens half a file."""
-    root = inductor_cache()
+def unpack_kernels(tar_path: Path, device: torch.device) -> None:
+    """The bundled kernels into Inductor's cache and the launchers into the Triton cache
+    that Inductor points Triton at for ``device``, where each is looked for by the hash of
+    its source and compiler command (a torch installed elsewhere compiles them again).
+    Files there already are kept; each new one appears by one rename, so a process loading
+    at the same time never opens half a file."""
     with tarfile.open(tar_path) as tar:
         for member in tar.getmembers():
             relative = Path(member.name)
             if not member.isfile() or relative.is_absolute() or ".." in relative.parts:
                 raise RuntimeError(f"{tar_path}: unexpected member {member.name!r}")
+            root = inductor_cache()
+            if relative.parts[0] == TRITON_FOLDER:
+                root = Path(triton_cache_dir(device.index or 0))
+                relative = relative.relative_to(TRITON_FOLDER)
             target = root / relative
             if target.exists():
                 continue
@@ -121,6 +152,6 @@ def unpack_kernels(tar_path: Path) -> None:
 
 def load(out_dir: Path, step: DraftStep, buckets: list[int]) -> dict[int, Callable]:
     torch.compiler.load_cache_artifacts((out_dir / PAYLOAD).read_bytes())
-    unpack_kernels(out_dir / KERNELS)
+    unpack_kernels(out_dir / KERNELS, next(step.parameters()).device)
     compiled = _compiled(step)  # recompiles per bucket shape, each from the cache
     return {bucket: compiled for bucket in buckets}
