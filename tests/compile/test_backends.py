@@ -207,3 +207,36 @@ def test_an_inductor_artifact_loads_with_every_kernel_from_its_bundle(built_arti
     else:
         assert any(name.startswith("triton-cache/") for name in loaded)  # its launchers
     assert loaded <= bundled
+
+
+def test_bundled_launchers_unpack_where_inductor_points_triton(tmp_path, monkeypatch):
+    """A ``triton-cache/`` member lands where Inductor's own ``triton_cache_dir`` says
+    Triton looks for the device's files, Inductor's kernels in Inductor's cache, and a
+    member that climbs out of them is refused."""
+    import io
+    import tarfile
+    from pathlib import Path
+
+    from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+
+    from dspark_compile.compile.backends.inductor import unpack_kernels
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+
+    def tar_of(*names: str):
+        path = tmp_path / f"{len(list(tmp_path.iterdir()))}.tar"
+        with tarfile.open(path, "w") as tar:
+            for name in names:
+                info = tarfile.TarInfo(name)
+                info.size = len(name)
+                tar.addfile(info, io.BytesIO(name.encode()))
+        return path
+
+    unpack_kernels(tar_of("triton-cache/KEY/launcher.so", "ab/kernel.so"),
+                   torch.device("cuda", 1))
+    launcher = Path(triton_cache_dir(1)) / "KEY" / "launcher.so"
+    assert launcher.read_text() == "triton-cache/KEY/launcher.so"
+    assert (tmp_path / "inductor" / "ab" / "kernel.so").read_text() == "ab/kernel.so"
+    with pytest.raises(RuntimeError, match="unexpected member"):
+        unpack_kernels(tar_of("triton-cache/../../evil.so"), torch.device("cuda", 0))
