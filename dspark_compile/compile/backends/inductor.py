@@ -132,16 +132,16 @@ def unpack_kernels(tar_path: Path, device: torch.device) -> None:
     its source and compiler command (a torch installed elsewhere compiles them again).
     Files there already are kept; each new one appears by one rename, so a process loading
     at the same time never opens half a file."""
+    inductor, triton = inductor_cache(), Path(triton_cache_dir(device.index or 0))
     with tarfile.open(tar_path) as tar:
         for member in tar.getmembers():
             relative = Path(member.name)
             if not member.isfile() or relative.is_absolute() or ".." in relative.parts:
                 raise RuntimeError(f"{tar_path}: unexpected member {member.name!r}")
-            root = inductor_cache()
             if relative.parts[0] == TRITON_FOLDER:
-                root = Path(triton_cache_dir(device.index or 0))
-                relative = relative.relative_to(TRITON_FOLDER)
-            target = root / relative
+                target = triton / relative.relative_to(TRITON_FOLDER)
+            else:
+                target = inductor / relative
             if target.exists():
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
