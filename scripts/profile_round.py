@@ -57,10 +57,6 @@ def profile_backend(drafter: Drafter, backend: str, prompt: RoundInputs, decode:
     with torch.no_grad():
         timed = {name: time_ms(fn, device, args.repeats, warmup=5)
                  for name, fn in phases.items()}
-        if backend == "inductor":  # the runtime's shapes never change between rounds
-            with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
-                timed["round_skip_guards"] = time_ms(phases["round"], device, args.repeats,
-                                                     warmup=5)
     activities = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * (device.type == "cuda")
     with profile(activities=activities) as prof:
         runner.draft(decode, slots)

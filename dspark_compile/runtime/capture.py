@@ -14,9 +14,8 @@ def bind(step: Callable, args: tuple[Tensor, ...], capture: bool,
     """``step`` on fixed buffers ``args``, as a call with no arguments that runs it on
     whatever the buffers hold now.
 
-    It runs ``step`` three times first: lazy initialisation (cuBLAS handles, workspaces)
-    happens here, and a reduce-overhead step has recorded its own CUDA graph by its third
-    call. With ``capture`` the call is then recorded as one CUDA graph, and each call
+    It runs ``step`` three times first: lazy initialisation (cuBLAS handles, workspaces,
+    a compiled step's loading and autotuning) happens here. With ``capture`` the call is then recorded as one CUDA graph, and each call
     replays it and returns the same output tensors. The buffers must hold an inert round.
     """
     if not capture:

@@ -34,8 +34,7 @@ class Runner:
 
     Each bucket's step is bound to fixed buffers (the first rows of the cache and six
     input tensors): a round copies its inputs in and, on a GPU, replays one CUDA graph
-    (captured here around an eager or AOTInductor step, or the reduce-overhead graph the
-    ``inductor`` step records itself). Only ids and confidences come back to the host,
+    captured here around the backend's step. Only ids and confidences come back to the host,
     through pinned buffers; the tensors ``draft`` returns are the caller's to keep.
     A round whose features do not have k+1 rows (a prompt) is first appended eagerly
     (prefill), then the bound step runs with no new rows.

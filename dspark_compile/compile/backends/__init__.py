@@ -6,9 +6,8 @@
   signature that updates the KV cache in place and returns the draft step's outputs
   ``(ids, confidences, rules[, q])``.
 
-A module may set ``DEVICES`` (device types it runs on), ``DTYPE`` (a dtype it forces) and
-``OWN_CUDA_GRAPH`` (its callable replays a CUDA graph of its own; the runtime captures every
-other backend's call in one).
+A module may set ``DEVICES`` (device types it runs on) and ``DTYPE`` (a dtype it forces).
+On a GPU the runtime records each bucket's callable as one CUDA graph.
 Adding a backend is one module plus one line here.
 """
 

@@ -1,5 +1,6 @@
-"""``torch.compile`` with reduce-overhead's options per bucket; the compiled graphs travel as
-Inductor's cache artifacts, and beside them the compiled C++ kernels and Triton's compiled
+"""``torch.compile`` per bucket, its call recorded by the runtime as one CUDA graph (what
+reduce-overhead does, without that mode's Python work on every call); the compiled graphs
+travel as Inductor's cache artifacts, and beside them the compiled C++ kernels and Triton's compiled
 launchers, so a fresh process skips Inductor's and Triton's code generation and the C and
 C++ compilers (where the build's Inductor cache started empty; kernels found there already
 travel when the graphs load them, the CPU's ISA probes only when compiled)."""
@@ -24,7 +25,6 @@ from dspark_compile import progress
 PAYLOAD = "inductor_cache.bin"
 KERNELS = "inductor_kernels.tar"
 TRITON_FOLDER = "triton-cache"  # the tar's folder for Triton's launchers
-OWN_CUDA_GRAPH = True  # reduce-overhead records and replays its own graph
 
 
 def guards_kept(entries: list) -> list[bool]:
@@ -39,27 +39,19 @@ def guards_kept(entries: list) -> list[bool]:
 
 
 def compile_options() -> dict:
-    """mode="reduce-overhead" as its options (torch.compile takes a mode or options, not
-    both), plus emulate_precision_casts: every bf16 intermediate rounds as in eager (else
-    fused kernels keep fp32 intermediates and the KV cache drifts from the eager path's
-    bits), set for this compile only (set process-wide it also changed the bits of the host
-    path's FlexAttention compiled after it), and the guard filter :func:`guards_kept`."""
-    return {**torch._inductor.list_mode_options("reduce-overhead"),
-            "emulate_precision_casts": True, "guard_filter_fn": guards_kept}
+    """emulate_precision_casts: every bf16 intermediate rounds as in eager (else fused
+    kernels keep fp32 intermediates and the KV cache drifts from the eager path's bits),
+    set for this compile only (set process-wide it also changed the bits of the host path's
+    FlexAttention compiled after it), and the guard filter :func:`guards_kept`. No
+    ``triton.cudagraphs`` (reduce-overhead): the runtime records the call in a CUDA graph of
+    its own, so a round is one replay, not Dynamo's guards and the CUDA graph tree's
+    bookkeeping in Python first."""
+    return {"emulate_precision_casts": True, "guard_filter_fn": guards_kept}
 
 
 def _compiled(step: DraftStep) -> Callable:
     markov.register()  # Dynamo traces the walk at the build and again at the load
-    compiled = torch.compile(step, options=compile_options(), fullgraph=True, dynamic=False)
-
-    def call(*inputs: Tensor) -> tuple[Tensor, ...]:
-        # The step writes the KV cache in place, and reduce-overhead graphs a function
-        # that mutates its inputs only when they are static (otherwise it skips the CUDA
-        # graph: "mutated inputs"). The runtime passes the same buffers every round.
-        for tensor in inputs:
-            torch._dynamo.mark_static_address(tensor)
-        return compiled(*inputs)
-    return call
+    return torch.compile(step, options=compile_options(), fullgraph=True, dynamic=False)
 
 
 def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
