@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from dspark_compile.config import LaneConfig, Layout
+from dspark_compile.model.fused import FusedLinear, keep_part_names
 from dspark_compile.model.masks import Mask, attention_masks
 from dspark_compile.model.rope import rope_tables
 from dspark_compile.model.vocab import TokenTable
@@ -76,18 +77,23 @@ class Attention(nn.Module):
             lane.num_heads, lane.num_kv_heads, lane.head_dim)
         q, kv = lane.num_heads * lane.head_dim, lane.num_kv_heads * lane.head_dim
         bias = lane.attention_bias
-        self.q_proj = nn.Linear(lane.hidden_size, q, bias=bias)
-        self.k_proj = nn.Linear(lane.hidden_size, kv, bias=bias)
-        self.v_proj = nn.Linear(lane.hidden_size, kv, bias=bias)
+        self.sizes = (q, kv, kv)
+        self.qkv_proj = FusedLinear(lane.hidden_size, {"q_proj": q, "k_proj": kv, "v_proj": kv},
+                                    bias)
         self.o_proj = nn.Linear(q, lane.hidden_size, bias=bias)
         self.q_norm = RMSNorm(lane.head_dim, lane.rms_norm_eps)
         self.k_norm = RMSNorm(lane.head_dim, lane.rms_norm_eps)
+        keep_part_names(self)
 
     def keys_values(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-        """K (normed, rotated) and V ``[R, n, kv_heads, head_dim]`` of rows ``x [R, n, H]``."""
-        shape = (*x.shape[:2], self.num_kv_heads, self.head_dim)
-        k = apply_rope(self.k_norm(self.k_proj(x).view(shape)), cos, sin)
-        return k, self.v_proj(x).view(shape)
+        """K (normed, rotated) and V ``[R, n, kv_heads, head_dim]`` of rows ``x [R, n, H]``:
+        one GEMM over the K|V rows of the weight."""
+        k, v = F.linear(x, *self.qkv_proj.rows("k_proj")).split(self.sizes[1:], dim=-1)
+        return self._rotated(k, v, cos, sin)
+
+    def _rotated(self, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        shape = (*k.shape[:2], self.num_kv_heads, self.head_dim)
+        return apply_rope(self.k_norm(k.view(shape)), cos, sin), v.view(shape)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
                 layer: int, block_slots: Tensor, mask: Mask) -> Tensor:
@@ -99,10 +105,11 @@ class Attention(nn.Module):
         """
         R, n, _ = x.shape
         group = self.num_heads // self.num_kv_heads
-        k, v = self.keys_values(x, cos, sin)
+        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+        k, v = self._rotated(k, v, cos, sin)
         write_rows(k_cache, layer, block_slots, k)
         write_rows(v_cache, layer, block_slots, v)
-        q = self.q_norm(self.q_proj(x).view(R, n, self.num_heads, self.head_dim))
+        q = self.q_norm(q.view(R, n, self.num_heads, self.head_dim))
         q = apply_rope(q, cos, sin)
         # GQA without copying K/V: the `group` query heads of one kv head become extra rows
         q = q.view(R, n, self.num_kv_heads, group, self.head_dim).permute(0, 2, 3, 1, 4)
@@ -135,13 +142,16 @@ def write_rows(cache: Tensor, layer: int, slots: Tensor, rows: Tensor) -> None:
 class MLP(nn.Module):
     def __init__(self, lane: LaneConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(lane.hidden_size, lane.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(lane.hidden_size, lane.intermediate_size, bias=False)
+        size = lane.intermediate_size
+        self.gate_up_proj = FusedLinear(lane.hidden_size, {"gate_proj": size, "up_proj": size},
+                                        False)
         self.down_proj = nn.Linear(lane.intermediate_size, lane.hidden_size, bias=False)
         self.act = ACTIVATIONS[lane.hidden_act]
+        keep_part_names(self)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(self.act(gate) * up)
 
 
 class Layer(nn.Module):
