@@ -13,7 +13,7 @@ if [ "${1:-}" = "--prepare" ]; then
   shift
   for ref in "$@"; do
     rm -rf "$root/ab/$ref" && mkdir -p "$root/ab/$ref"
-    git -C "$root" archive "$ref" dspark_compile conf | tar -x -C "$root/ab/$ref"
+    git -C "$root" archive "$ref" dspark_compile | tar -x -C "$root/ab/$ref"
     echo "ab/$ref: $(git -C "$root" rev-parse --short "$ref")"
   done
   exit 0
