@@ -19,7 +19,7 @@ from dspark_compile.tools.bench import bench
 from dspark_compile.tools.commands import VerifyConfig, register_configs, to_config
 from dspark_compile.tools.compile_job import compile_job
 from dspark_compile.tools.sweep import run_job
-from dspark_compile.tools.verify import verify_artifact
+from dspark_compile.tools.verify import record_rounds, verify_artifact
 
 register_configs()
 
@@ -64,8 +64,13 @@ def verify_main(cfg: DictConfig) -> None:
     """One JSON line, also when the artifact cannot be checked (then with its error)."""
     try:
         config: VerifyConfig = to_config(cfg)
+        if config.record is not None:
+            print(json.dumps(record_rounds(config.artifact, config.record, config.device,
+                                           config.rounds, config.seed, config.temperature)))
+            return
         report = verify_artifact(config.artifact, config.device, config.rounds,
-                                 config.context, config.seed, config.temperature)
+                                 config.context, config.seed, config.temperature,
+                                 config.replay)
     except DSparkError as err:
         print(json.dumps({"identical": False, "error": f"{type(err).__name__}: {err}"}))
         raise

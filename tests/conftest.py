@@ -77,9 +77,13 @@ def built_artifact(tmp_path_factory):
     per session, seed 0.
 
     Each build runs in a fresh process, as ``dspark-compile`` does: a CPU AOTInductor
-    build inside the test process took about 570 s against 85 s in a fresh one.
+    build inside the test process took about 570 s against 85 s in a fresh one. pytest-xdist's
+    workers share one artifact root: the store's lock makes a second builder of a key wait
+    and reuse the first one's artifact (tests that damage one copy it first).
     """
-    root = tmp_path_factory.mktemp("artifacts")
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "artifacts"
+    root.mkdir(exist_ok=True)
     built = {}
 
     def get(backend: str, lane_name: str, buckets=(3,), **lane_overrides):

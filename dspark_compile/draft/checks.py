@@ -101,12 +101,12 @@ def check_rules(lane: LaneConfig, slots: int, inputs: RoundInputs,
         (lambda: f"values in {_span(num_new)}", f"[0, {N}] (rows of features)"),
         (lambda: f"{int((anchor_pos < num_new).sum())} rows below num_new",
          "anchor_pos >= num_new"),
-        (lambda: f"up to {anchor_pos.max()}",
+        (lambda: f"up to {int(anchor_pos.max())}",
          f"<= {context_capacity(lane, slots)} (the context capacity of the cache and the "
          "lane)"),
         (lambda: f"NaN or Inf in {bad_rows()} of the rows that num_new marks valid",
          "finite values (padding rows may hold anything)"),
-        (lambda: f"{((temperature < 0) | ~torch.isfinite(temperature)).sum()} negative, NaN "
+        (lambda: f"{int(((temperature < 0) | ~torch.isfinite(temperature)).sum())} negative, NaN "
                  "or infinite values", "0 (greedy) or a finite positive number"),
         (lambda: f"values in {_span(seed)}", "[0, 2^32)"),
     ]

@@ -56,3 +56,20 @@ def _join(owner: nn.Module, state_dict: dict, prefix: str, *args) -> None:
     for _, fused, names in _fused(owner, prefix):
         if all(name in state_dict for name in names):
             state_dict[fused] = torch.cat([state_dict.pop(name) for name in names])
+
+
+def state_sources(model: nn.Module) -> dict[str, list[str]]:
+    """Each parameter and persistent buffer of ``model`` by the state-dict entries it is
+    made of, in row order: its own name, or a fused projection's parts (for a loader that
+    reads the state dict's file without this module, the C++ runtime's)."""
+    sources = {}
+    for prefix, module in model.named_modules():
+        dot = f"{prefix}." if prefix else ""
+        owner = dot[: dot[:-1].rfind(".") + 1]
+        tensors = [*module.named_parameters(recurse=False),
+                   *((name, buffer) for name, buffer in module.named_buffers(recurse=False)
+                     if name not in module._non_persistent_buffers_set)]
+        for field, _ in tensors:
+            sources[dot + field] = ([f"{owner}{part}.{field}" for part in module.parts]
+                                    if isinstance(module, FusedLinear) else [dot + field])
+    return sources

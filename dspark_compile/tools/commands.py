@@ -98,9 +98,13 @@ class VerifyConfig:
     context: int = 24
     seed: int = 0
     temperature: float = 0.0  # > 0: half the rows sample at this temperature
+    record: Optional[str] = None  # write the rounds here (safetensors) instead of checking
+    replay: Optional[str] = None  # check these outputs of the rounds of `record` instead
 
     def __post_init__(self) -> None:
         check_device(self.device)
+        _require(self.record is None or self.replay is None, "record", self.record,
+                 "unset when replay is set")
         for name in ("context", "rounds"):
             _require(getattr(self, name) >= 1, name, getattr(self, name), ">= 1")
         _require(math.isfinite(self.temperature) and self.temperature >= 0, "temperature",

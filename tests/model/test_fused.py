@@ -59,3 +59,18 @@ def test_the_context_keys_and_values_are_the_k_and_v_rows_of_the_fused_projectio
     shape = (2, 3, lane.num_kv_heads, lane.head_dim)
     torch.testing.assert_close(v, (x @ state["v_proj.weight"].T).view(shape))
     torch.testing.assert_close(k, attention.k_norm((x @ state["k_proj.weight"].T).view(shape)))
+
+
+def test_state_sources_rebuild_every_parameter_from_the_state_dict():
+    """What the C++ runtime does with a weights file: every parameter and persistent buffer
+    is its state-dict entries concatenated, and each entry is used once."""
+    from dspark_compile.checkpoint import random_drafter
+    from dspark_compile.model.fused import state_sources
+
+    drafter = random_drafter(lane_config("tiny_d2t"), "cpu", seed=0)
+    state, sources = drafter.state_dict(), state_sources(drafter)
+    used = [name for parts in sources.values() for name in parts]
+    assert sorted(used) == sorted(state)
+    tensors = {**dict(drafter.named_parameters()), **dict(drafter.named_buffers())}
+    for name, parts in sources.items():
+        assert torch.equal(tensors[name], torch.cat([state[part] for part in parts])), name

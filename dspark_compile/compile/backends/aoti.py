@@ -1,9 +1,13 @@
 """AOTInductor: ``torch.export`` + ``aoti_compile_and_package`` per bucket. The weights stay
 out of the ``.pt2`` (the artifact's safetensors feed ``load_constants``), so three buckets
-of a 27B-class drafter do not carry three copies of 8.8 GB."""
+of a 27B-class drafter do not carry three copies of 8.8 GB. For loaders without Python (the
+C++ runtime) the artifact also says what each package constant is made of
+(``aoti_constants.json``: the weights file's tensors, concatenated in order) and holds the
+constants that are no weights (``aoti_buffers.safetensors``: the RoPE tables)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Callable
@@ -12,7 +16,11 @@ import torch
 from torch import Tensor
 
 from dspark_compile.draft import DraftStep
+from dspark_compile.model.fused import state_sources
 from dspark_compile import progress
+
+CONSTANTS = "aoti_constants.json"
+BUFFERS = "aoti_buffers.safetensors"
 
 INDUCTOR_CONFIGS = {
     "aot_inductor.package_constants_in_so": False,
@@ -29,9 +37,24 @@ def _package(out_dir: Path, bucket: int) -> Path:
     return out_dir / f"bucket{bucket}.pt2"
 
 
+def write_constants(step: DraftStep, out_dir: Path) -> None:
+    """Each constant of the step, by name: the weights it concatenates, or none where it
+    is in :data:`BUFFERS`."""
+    from safetensors.torch import save_file
+
+    sources = {f"drafter.{name}": parts for name, parts in state_sources(step.drafter).items()}
+    constants = {**dict(step.named_parameters()), **dict(step.named_buffers())}
+    buffers = {name: t.detach().contiguous().cpu() for name, t in constants.items()
+               if name not in sources}
+    recipe = {name: sources.get(name, []) for name in constants}
+    (out_dir / CONSTANTS).write_text(json.dumps(recipe, indent=1) + "\n")
+    save_file(buffers, str(out_dir / BUFFERS))
+
+
 def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
     import torch._inductor
 
+    write_constants(step, out_dir)
     for bucket, i, n in progress.buckets(examples):
         progress.phase(f"exporting bucket {bucket} ({i}/{n})")
         with torch.no_grad():

@@ -1,0 +1,69 @@
+// The C++ runtime: loads an `aoti` artifact of dspark-compile and drafts with it, with the
+// contract of the Python `Runner` (dspark_compile/runtime/runner.py).
+#pragma once
+
+#include <ATen/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dspark {
+
+// An input the draft step cannot take; field() names it. The message is the Python
+// runner's InputError's: "<field>: <problem>; allowed: <allowed>".
+class InputError : public std::invalid_argument {
+ public:
+  InputError(const std::string& field, const std::string& problem, const std::string& allowed);
+  const std::string& field() const { return field_; }
+
+ private:
+  std::string field_;
+};
+
+// An artifact that is missing, partial, corrupted, of another backend or environment.
+class ArtifactError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// One round's outputs for the requested slots, in their order, on the host.
+struct DraftOutput {
+  at::Tensor ids;          // [R, k] int64, target vocabulary
+  at::Tensor confidences;  // [R, k] float32
+};
+
+// A loaded artifact with its own KV cache and request slots. Every file's sha256 is checked
+// before any of it is used. Rounds take k+1 feature rows (a longer prompt is not taken yet:
+// feed it in rounds of k+1 rows). Not thread-safe: one Runner per thread.
+class Runner {
+ public:
+  explicit Runner(const std::string& artifact_dir, c10::Device device = c10::Device("cpu"));
+  ~Runner();
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
+
+  // A new request's slot; its cache row starts empty.
+  int64_t admit();
+  void release(int64_t slot);
+  // One round for `slots`. Omitted temperature and seed are zeros (greedy).
+  DraftOutput draft(const at::Tensor& features, const at::Tensor& num_new,
+                    const at::Tensor& anchor, const at::Tensor& anchor_pos,
+                    const std::optional<at::Tensor>& temperature,
+                    const std::optional<at::Tensor>& seed, const std::vector<int64_t>& slots);
+
+  std::vector<int64_t> slots() const;  // the admitted slots, ascending
+  std::vector<int64_t> buckets() const;
+  int64_t k() const;
+  int64_t feature_size() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace dspark

@@ -1,0 +1,270 @@
+#include <dspark/runner.h>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "artifact.h"
+#include "safetensors.h"
+
+namespace dspark {
+namespace {
+
+using Loader = torch::inductor::AOTIModelPackageLoader;
+
+// the input each entry of the step's rules vector is about (draft/checks.py's RULES)
+const char* const kRules[] = {"anchor", "num_new", "anchor_pos", "anchor_pos", "features",
+                              "temperature", "seed"};
+
+std::string tuple(at::IntArrayRef shape) {  // as Python prints a shape tuple
+  std::ostringstream out;
+  out << "(";
+  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  return out.str() + (shape.size() == 1 ? ",)" : ")");
+}
+
+std::string list(const std::vector<int64_t>& values) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < values.size(); ++i) out << (i ? ", " : "") << values[i];
+  return out.str() + "]";
+}
+
+std::string torch_name(at::ScalarType type) {
+  switch (type) {
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kHalf: return "torch.float16";
+    case at::kFloat: return "torch.float32";
+    case at::kDouble: return "torch.float64";
+    case at::kLong: return "torch.int64";
+    case at::kInt: return "torch.int32";
+    case at::kBool: return "torch.bool";
+    default: return std::string("torch.") + c10::toString(type);
+  }
+}
+
+void expect(const std::string& name, const at::Tensor& t, at::IntArrayRef shape,
+            at::ScalarType dtype, const c10::Device& device) {
+  if (t.sizes() != shape) throw InputError(name, "shape " + tuple(t.sizes()), "shape " + tuple(shape));
+  if (t.scalar_type() != dtype) {
+    throw InputError(name, "dtype " + torch_name(t.scalar_type()), "dtype " + torch_name(dtype));
+  }
+  if (t.device() != device) {
+    throw InputError(name, "device " + t.device().str(),
+                     "device " + device.str() + " (the cache's)");
+  }
+}
+
+std::string span(const at::Tensor& t) {
+  return "[" + std::to_string(t.min().item<int64_t>()) + ", " +
+         std::to_string(t.max().item<int64_t>()) + "]";
+}
+
+}  // namespace
+
+InputError::InputError(const std::string& field, const std::string& problem,
+                       const std::string& allowed)
+    : std::invalid_argument(field + ": " + problem + "; allowed: " + allowed), field_(field) {}
+
+struct Runner::State {
+  Artifact artifact;
+  c10::Device device;
+  std::map<int64_t, std::unique_ptr<Loader>> loaders;
+  std::unordered_map<std::string, at::Tensor> constants;  // user-managed: kept alive here
+  at::Tensor k_cache, v_cache;
+  int64_t capacity;  // the largest anchor position (the context capacity)
+  std::map<int64_t, int64_t> rows;  // slot -> cache row; rows 0..size-1 are taken
+  int64_t next_slot = 0;
+
+  int64_t row(int64_t slot) const {
+    auto it = rows.find(slot);
+    if (it == rows.end()) {
+      std::vector<int64_t> admitted;
+      for (const auto& [s, r] : rows) admitted.push_back(s);
+      throw InputError("slot", std::to_string(slot) + " is not admitted", "one of " + list(admitted));
+    }
+    return it->second;
+  }
+
+  int64_t bucket(int64_t requests) const {
+    const auto& buckets = artifact.buckets;
+    if (requests < 1 || requests > buckets.back()) {
+      throw InputError("batch", std::to_string(requests) + " requests",
+                       "[1, " + std::to_string(buckets.back()) + "] (the largest bucket)");
+    }
+    return *std::lower_bound(buckets.begin(), buckets.end(), requests);
+  }
+};
+
+Runner::Runner(const std::string& artifact_dir, c10::Device device)
+    : state_(std::make_unique<State>(State{read_artifact(artifact_dir, device), device})) {
+  State& s = *state_;
+  const auto& dir = s.artifact.directory;
+  const TensorFile weights = read_safetensors(dir + "/weights.safetensors");
+  const TensorFile buffers = read_safetensors(dir + "/aoti_buffers.safetensors");
+  nlohmann::json recipe;
+  {
+    std::ifstream file(dir + "/aoti_constants.json");
+    recipe = nlohmann::json::parse(file);
+  }
+  for (const auto& [name, parts] : recipe.items()) {  // each constant, made once on the device
+    std::vector<at::Tensor> pieces;
+    for (const auto& part : parts) pieces.push_back(weights.tensors.at(part.get<std::string>()));
+    at::Tensor value = pieces.empty() ? buffers.tensors.at(name)
+                       : pieces.size() == 1 ? pieces[0] : at::cat(pieces, 0);
+    s.constants[name] = value.to(device);
+  }
+  for (int64_t bucket : s.artifact.buckets) {
+    auto loader = std::make_unique<Loader>(dir + "/bucket" + std::to_string(bucket) + ".pt2",
+                                           "model", true, 1, device.has_index() ? device.index() : -1);
+    std::unordered_map<std::string, at::Tensor> constants;
+    for (const auto& fqn : loader->get_constant_fqns()) constants[fqn] = s.constants.at(fqn);
+    loader->load_constants(constants, false, true, true);  // not inactive, check all, user-managed
+    s.loaders[bucket] = std::move(loader);
+  }
+  const Lane& lane = s.artifact.lane;
+  const int64_t slots = lane.max_context + lane.block_rows + 1;  // context, scratch, trash
+  const std::vector<int64_t> shape = {s.artifact.buckets.back(), lane.num_layers,
+                                      lane.num_kv_heads, slots, lane.head_dim};
+  const auto options = at::TensorOptions().dtype(lane.dtype).device(device);
+  s.k_cache = at::zeros(shape, options);
+  s.v_cache = at::zeros(shape, options);
+  s.capacity = std::min(slots - lane.block_rows - 1, lane.max_context);
+}
+
+Runner::~Runner() = default;
+
+int64_t Runner::admit() {
+  State& s = *state_;
+  const auto capacity = s.artifact.buckets.back();
+  if (static_cast<int64_t>(s.rows.size()) == capacity) {
+    throw InputError("slots", "all " + std::to_string(capacity) + " rows in use",
+                     "release a slot first (capacity = the largest bucket)");
+  }
+  const int64_t slot = s.next_slot++;
+  s.rows[slot] = static_cast<int64_t>(s.rows.size());
+  return slot;
+}
+
+void Runner::release(int64_t slot) {
+  State& s = *state_;
+  const int64_t row = s.row(slot);
+  s.rows.erase(slot);
+  const auto last = static_cast<int64_t>(s.rows.size());
+  if (row != last) {  // keep rows dense: the last request moves into the hole
+    for (auto& [other, r] : s.rows) {
+      if (r == last) r = row;
+    }
+    s.k_cache[row].copy_(s.k_cache[last]);
+    s.v_cache[row].copy_(s.v_cache[last]);
+  }
+}
+
+DraftOutput Runner::draft(const at::Tensor& features, const at::Tensor& num_new,
+                          const at::Tensor& anchor, const at::Tensor& anchor_pos,
+                          const std::optional<at::Tensor>& temperature_in,
+                          const std::optional<at::Tensor>& seed_in,
+                          const std::vector<int64_t>& slots) {
+  State& s = *state_;
+  const Lane& lane = s.artifact.lane;
+  if (slots.empty()) throw InputError("slots", "[]", "a non-empty sequence of admitted slots");
+  std::vector<int64_t> rows;
+  for (int64_t slot : slots) rows.push_back(s.row(slot));
+  if (std::set<int64_t>(slots.begin(), slots.end()).size() != slots.size()) {
+    throw InputError("slots", list(slots) + " repeats a slot", "distinct slots");
+  }
+  const auto R = static_cast<int64_t>(slots.size());
+  if (features.defined() && features.dim() == 3 && features.size(0) != R) {
+    throw InputError("features", std::to_string(features.size(0)) + " rows for " +
+                     std::to_string(R) + " slots", "one row per slot");
+  }
+  if (!features.defined() || features.dim() != 3 || features.size(0) == 0) {
+    throw InputError("features", "shape " + tuple(features.defined() ? features.sizes()
+                                                                       : at::IntArrayRef()),
+                     "[R, N, feature_size] with R >= 1");
+  }
+  const int64_t N = features.size(1);
+  expect("features", features, {R, N, lane.feature_size}, lane.dtype, s.device);
+  expect("num_new", num_new, {R}, at::kLong, s.device);
+  expect("anchor", anchor, {R}, at::kLong, s.device);
+  expect("anchor_pos", anchor_pos, {R}, at::kLong, s.device);
+  if (temperature_in) expect("temperature", *temperature_in, {R}, at::kFloat, s.device);
+  if (seed_in) expect("seed", *seed_in, {R}, at::kLong, s.device);
+  if (N != lane.k + 1) {
+    throw InputError("features", std::to_string(N) + " rows a request",
+                     std::to_string(lane.k + 1) + " (k+1; the C++ runtime takes a longer prompt "
+                     "as rounds of k+1 rows)");
+  }
+  const auto on = at::TensorOptions().device(s.device);
+  const at::Tensor temperature = temperature_in ? *temperature_in : at::zeros({R}, on.dtype(at::kFloat));
+  const at::Tensor seed = seed_in ? *seed_in : at::zeros({R}, on.dtype(at::kLong));
+
+  const int64_t bucket = s.bucket(static_cast<int64_t>(s.rows.size()));
+  std::vector<at::Tensor> inputs = {features, num_new, anchor, anchor_pos, temperature, seed};
+  std::vector<int64_t> in_order(bucket);
+  for (int64_t i = 0; i < bucket; ++i) in_order[i] = i;
+  const at::Tensor index = at::tensor(rows, at::kLong).to(s.device);
+  if (rows != in_order) {  // every input row at its slot's row, inert rows elsewhere
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      std::vector<int64_t> shape = inputs[i].sizes().vec();
+      shape[0] = bucket;
+      at::Tensor full = i == 3 ? at::full(shape, s.capacity, inputs[i].options())
+                               : at::zeros(shape, inputs[i].options());
+      inputs[i] = full.index_copy(0, index, inputs[i]);
+    }
+  }
+  std::vector<at::Tensor> args = {s.k_cache.narrow(0, 0, bucket), s.v_cache.narrow(0, 0, bucket)};
+  args.insert(args.end(), inputs.begin(), inputs.end());
+  const std::vector<at::Tensor> outputs = s.loaders.at(bucket)->run(args);
+  const at::Tensor kept = outputs.at(2).to(at::kCPU);
+
+  for (int64_t rule = 0; rule < kept.numel(); ++rule) {  // messages as draft/checks.py's
+    if (kept[rule].item<bool>()) continue;
+    const std::string field = kRules[rule];
+    if (rule == 0) throw InputError(field, "values in " + span(anchor), "[0, " + std::to_string(lane.target_vocab_size) + ")");
+    if (rule == 1) throw InputError(field, "values in " + span(num_new), "[0, " + std::to_string(N) + "] (rows of features)");
+    if (rule == 2) {
+      throw InputError(field, std::to_string((anchor_pos < num_new).sum().item<int64_t>()) +
+                       " rows below num_new", "anchor_pos >= num_new");
+    }
+    if (rule == 3) {
+      throw InputError(field, "up to " + std::to_string(anchor_pos.max().item<int64_t>()),
+                       "<= " + std::to_string(s.capacity) +
+                       " (the context capacity of the cache and the lane)");
+    }
+    if (rule == 4) {
+      const at::Tensor valid = at::arange(N, on.dtype(at::kLong)).unsqueeze(0) < num_new.unsqueeze(1);
+      const auto bad = (valid & at::isfinite(features.sum(-1, false, at::kDouble)).logical_not())
+                           .sum().item<int64_t>();
+      throw InputError(field, "NaN or Inf in " + std::to_string(bad) +
+                       " of the rows that num_new marks valid",
+                       "finite values (padding rows may hold anything)");
+    }
+    if (rule == 5) {
+      const auto bad = ((temperature < 0) | at::isfinite(temperature).logical_not()).sum().item<int64_t>();
+      throw InputError(field, std::to_string(bad) + " negative, NaN or infinite values",
+                       "0 (greedy) or a finite positive number");
+    }
+    throw InputError(field, "values in " + span(seed), "[0, 2^32)");
+  }
+  const at::Tensor select = index.to(outputs[0].device());
+  return DraftOutput{outputs[0].index_select(0, select).to(at::kCPU),
+                     outputs[1].index_select(0, select).to(at::kCPU)};
+}
+
+std::vector<int64_t> Runner::slots() const {
+  std::vector<int64_t> out;
+  for (const auto& [slot, row] : state_->rows) out.push_back(slot);
+  return out;
+}
+
+std::vector<int64_t> Runner::buckets() const { return state_->artifact.buckets; }
+int64_t Runner::k() const { return state_->artifact.lane.k; }
+int64_t Runner::feature_size() const { return state_->artifact.lane.feature_size; }
+
+}  // namespace dspark

@@ -1,0 +1,144 @@
+"""The C++ runtime (cpp/), built here with CMake against this torch: it drafts what the
+Python runner drafts, bit for bit, its outputs pass dspark-verify's replay against the host
+path, and it refuses what the Python side refuses, with the same messages."""
+
+import dataclasses
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import torch.utils
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from dspark_compile.compile.store import ARTIFACT_WEIGHTS, MANIFEST
+from dspark_compile.errors import ArtifactError, InputError
+from dspark_compile.runtime import load_runner
+from dspark_compile.tools.verify import plan, record_rounds, save_rounds, verify_artifact
+
+ROOT = Path(__file__).resolve().parents[2]
+CPP = ROOT / "cpp"
+ROUNDS, SEED = 6, 3
+
+
+def readme_example() -> str:
+    """The README's C++ example, as written."""
+    readme = (ROOT / "README.md").read_text()
+    return readme.split("```cpp\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.fixture(scope="module")
+def draft_cpp(tmp_path_factory) -> Path:
+    """dspark-draft-cpp, configured and built in this test run, with the README's example
+    built beside it."""
+    if shutil.which("cmake") is None:
+        pytest.skip("no cmake on this machine (pip install cmake)")
+    nlohmann_json = pytest.importorskip("nlohmann_json", reason="the dev extra's nlohmann_json")
+    build = tmp_path_factory.mktemp("cpp-build")
+    example = build / "readme_example.cpp"
+    example.write_text(readme_example())
+    configure = ["cmake", "-S", str(CPP), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                 f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+                 f"-DNLOHMANN_JSON_INCLUDE_DIR={Path(nlohmann_json.__file__).parent / 'include'}",
+                 f"-DDSPARK_EXAMPLE={example}"]
+    for command in (configure, ["cmake", "--build", str(build), "-j", "2"]):
+        result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert (build / "dspark-example").is_file()  # the README's example compiles as written
+    return build / "dspark-draft-cpp"
+
+
+def draft_in_cpp(tool: Path, artifact: Path, rounds: Path, outputs: Path
+                 ) -> subprocess.CompletedProcess:
+    return subprocess.run([str(tool), str(artifact), str(rounds), str(outputs)],
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("lane_name", ["tiny", "tiny_d2t"])
+def test_the_cpp_runner_drafts_the_python_runners_bits_and_passes_the_replay(
+        draft_cpp, built_artifact, device, lane_name, tmp_path):
+    artifact = built_artifact("aoti", lane_name)
+    rounds, outputs = tmp_path / "rounds.safetensors", tmp_path / "outputs.safetensors"
+    # T = 1: the odd rows sample, the even rows draft greedily
+    record_rounds(artifact, rounds, device.type, ROUNDS, SEED, temperature=1.0)
+    result = draft_in_cpp(draft_cpp, artifact, rounds, outputs)
+    assert result.returncode == 0, result.stderr
+
+    report = verify_artifact(artifact, device.type, replay=outputs)
+    assert report["identical"] and report["first_mismatch"] is None, report
+    assert report["tokens_compared"] == ROUNDS * 2 * 5  # bucket 3 drafts for 2, k = 5
+
+    drafted = load_file(outputs)
+    runner = load_runner(artifact, device)
+    context = runner.lane.k + 1
+    for bucket, batch, inputs in plan(runner, ROUNDS, context, SEED, 1.0, device.type):
+        slots = [runner.admit() for _ in range(batch)]
+        for index, round_inputs in enumerate(inputs):
+            out = runner.draft(round_inputs, slots)
+            assert torch.equal(out.ids, drafted[f"b{bucket}.r{index}.ids"]), index
+            assert torch.equal(out.confidences, drafted[f"b{bucket}.r{index}.confidences"]), index
+
+
+def flip_last_weight_byte(directory: Path) -> None:
+    path = directory / ARTIFACT_WEIGHTS
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def edit_the_manifests_k(directory: Path) -> None:
+    manifest = json.loads((directory / MANIFEST).read_text())
+    manifest["lane"]["k"] += 1
+    (directory / MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("damage", [flip_last_weight_byte, edit_the_manifests_k])
+def test_the_cpp_runner_refuses_a_damaged_artifact_as_the_python_loader_does(
+        draft_cpp, built_artifact, device, damage, tmp_path):
+    artifact = built_artifact("aoti", "tiny")
+    rounds = tmp_path / "rounds.safetensors"
+    record_rounds(artifact, rounds, device.type, 1)
+    damaged = tmp_path / "damaged"
+    shutil.copytree(artifact, damaged)
+    damage(damaged)
+    with pytest.raises(ArtifactError) as python:
+        load_runner(damaged, device)
+    result = draft_in_cpp(draft_cpp, damaged, rounds, tmp_path / "outputs.safetensors")
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"dspark-draft-cpp: {python.value}"
+
+
+def test_a_refused_round_names_its_input_as_python_does_and_changes_nothing(
+        draft_cpp, built_artifact, device, tmp_path):
+    artifact = built_artifact("aoti", "tiny")
+    runner = load_runner(artifact, device)
+    (bucket, batch, inputs), = plan(runner, ROUNDS, runner.lane.k + 1, SEED, 0.0, device.type)
+    bad_anchor = dataclasses.replace(inputs[2], anchor=inputs[2].anchor.clone().fill_(-1))
+    narrow = dataclasses.replace(inputs[3], features=inputs[3].features[..., 1:].contiguous())
+    refused = {2: bad_anchor, 4: narrow}  # rounds of the recording that must be refused
+    recorded = inputs[:2] + [bad_anchor, inputs[2], narrow] + inputs[3:]
+    rounds, outputs = tmp_path / "rounds.safetensors", tmp_path / "outputs.safetensors"
+    save_rounds(rounds, [(bucket, batch, recorded)], device.type, {})
+    result = draft_in_cpp(draft_cpp, artifact, rounds, outputs)
+    assert result.returncode == 0, result.stderr
+
+    with safe_open(str(outputs), framework="pt") as handle:
+        errors = {key: value for key, value in handle.metadata().items()
+                  if key.endswith(".error")}
+    drafted = load_file(outputs)
+    slots = [runner.admit() for _ in range(batch)]
+    # a runner that never saw the refused rounds drafts what the C++ runner drafted after them
+    kept = [index for index in range(len(recorded)) if index not in refused]
+    for index, round_inputs in zip(kept, inputs, strict=True):
+        out = runner.draft(round_inputs, slots)
+        assert torch.equal(out.ids, drafted[f"b{bucket}.r{index}.ids"]), index
+        assert torch.equal(out.confidences, drafted[f"b{bucket}.r{index}.confidences"]), index
+    for index, round_inputs in refused.items():
+        with pytest.raises(InputError) as python:
+            runner.draft(round_inputs, slots)
+        assert errors.pop(f"b{bucket}.r{index}.error") == str(python.value)
+        assert f"b{bucket}.r{index}.ids" not in drafted
+    assert not errors
