@@ -16,6 +16,9 @@ from typing import Any, Iterator, Optional
 
 from safetensors.torch import load_file, safe_open, save_file
 
+from dspark_compile.compile.key import environment
+from dspark_compile.compile.store import read_manifest
+from dspark_compile.config import LaneConfig
 from dspark_compile.draft import DraftOutput, RoundInputs
 from dspark_compile.runtime import Runner, load_runner
 from dspark_compile.tools.compare import Comparison, runtime_path
@@ -24,13 +27,13 @@ from dspark_compile.tools.rounds import synthetic_rounds
 FIELDS = ("features", "num_new", "anchor", "anchor_pos", "temperature", "seed")
 
 
-def plan(runner: Runner, rounds: int, context: int, seed: int, temperature: float,
-         device: str) -> Iterator[tuple[int, int, list[RoundInputs]]]:
+def plan(lane: LaneConfig, buckets: list[int], rounds: int, context: int, seed: int,
+         temperature: float, device: str) -> Iterator[tuple[int, int, list[RoundInputs]]]:
     """Per bucket: the bucket, its request count and its rounds."""
     smaller = 0
-    for bucket in runner.buckets:
+    for bucket in buckets:
         batch, smaller = max(bucket - 1, smaller + 1), bucket
-        yield bucket, batch, list(synthetic_rounds(runner.lane, batch, context, rounds,
+        yield bucket, batch, list(synthetic_rounds(lane, batch, context, rounds,
                                                    seed + bucket, device, temperature))
 
 
@@ -65,7 +68,8 @@ def verify_artifact(artifact_dir: str | Path, device: str = "cpu", rounds: int =
                                               ("rounds", "context", "seed", "temperature"))
         outputs = load_file(str(replay))
     near_ties, agreements = 0, []
-    for bucket, batch, inputs in plan(runner, rounds, context, seed, temperature, device):
+    for bucket, batch, inputs in plan(runner.lane, runner.buckets, rounds, context, seed,
+                                      temperature, device):
         path = runner if outputs is None else Replayed(runner, outputs, bucket)
         comparison = Comparison(runner.drafter, batch, {backend: path}, eager=False)
         for index, round_inputs in enumerate(inputs):
@@ -88,12 +92,14 @@ def verify_artifact(artifact_dir: str | Path, device: str = "cpu", rounds: int =
 def record_rounds(artifact_dir: str | Path, path: str | Path, device: str = "cpu",
                   rounds: int = 4, seed: int = 0, temperature: float = 0.0) -> dict[str, Any]:
     """Write the rounds :func:`verify_artifact` checks to ``path``, every one of k+1 feature
-    rows (a prompt included: the C++ runtime takes no longer one yet)."""
-    runner = load_runner(artifact_dir, device)
-    context = runner.lane.k + 1
+    rows (a prompt included: the C++ runtime takes no longer one yet). Checks the artifact
+    as a load does; loads no backend."""
+    manifest = read_manifest(Path(artifact_dir), environment(device))
+    lane = LaneConfig(**manifest["lane"])
+    context = lane.k + 1
     settings = {"rounds": rounds, "context": context, "seed": seed, "temperature": temperature}
-    steps = save_rounds(path, list(plan(runner, rounds, context, seed, temperature, device)),
-                        device, settings)
+    rounds_made = plan(lane, manifest["buckets"], rounds, context, seed, temperature, device)
+    steps = save_rounds(path, list(rounds_made), device, settings)
     return {"recorded": str(path), "artifact": str(artifact_dir), "plan": steps, **settings}
 
 

@@ -75,7 +75,8 @@ def test_the_cpp_runner_drafts_the_python_runners_bits_and_passes_the_replay(
     drafted = load_file(outputs)
     runner = load_runner(artifact, device)
     context = runner.lane.k + 1
-    for bucket, batch, inputs in plan(runner, ROUNDS, context, SEED, 1.0, device.type):
+    for bucket, batch, inputs in plan(runner.lane, runner.buckets, ROUNDS, context, SEED, 1.0,
+                                      device.type):
         slots = [runner.admit() for _ in range(batch)]
         for index, round_inputs in enumerate(inputs):
             out = runner.draft(round_inputs, slots)
@@ -116,7 +117,8 @@ def test_a_refused_round_names_its_input_as_python_does_and_changes_nothing(
         draft_cpp, built_artifact, device, tmp_path):
     artifact = built_artifact("aoti", "tiny")
     runner = load_runner(artifact, device)
-    (bucket, batch, inputs), = plan(runner, ROUNDS, runner.lane.k + 1, SEED, 0.0, device.type)
+    (bucket, batch, inputs), = plan(runner.lane, runner.buckets, ROUNDS, runner.lane.k + 1,
+                                    SEED, 0.0, device.type)
     bad_anchor = dataclasses.replace(inputs[2], anchor=inputs[2].anchor.clone().fill_(-1))
     narrow = dataclasses.replace(inputs[3], features=inputs[3].features[..., 1:].contiguous())
     refused = {2: bad_anchor, 4: narrow}  # rounds of the recording that must be refused
