@@ -66,7 +66,8 @@ def verify_main(cfg: DictConfig) -> None:
         config: VerifyConfig = to_config(cfg)
         if config.record is not None:
             print(json.dumps(record_rounds(config.artifact, config.record, config.device,
-                                           config.rounds, config.seed, config.temperature)))
+                                           config.rounds, config.context, config.seed,
+                                           config.temperature)))
             return
         report = verify_artifact(config.artifact, config.device, config.rounds,
                                  config.context, config.seed, config.temperature,

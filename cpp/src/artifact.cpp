@@ -18,7 +18,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr int kFormatVersion = 1;  // compile/key.py's FORMAT_VERSION
+constexpr int kFormatVersion = 2;  // compile/key.py's FORMAT_VERSION
 const char* const kManifest = "manifest.json";
 const char* const kWeights = "weights.safetensors";
 
@@ -250,10 +250,6 @@ Artifact read_artifact(const std::string& directory_name, const c10::Device& dev
   if (manifest["backend"] != "aoti") {
     throw ArtifactError(dir + ": a " + manifest["backend"].get<std::string>() +
                         " artifact; the C++ runtime loads aoti artifacts");
-  }
-  if (!manifest["files"].contains("aoti_constants.json")) {
-    throw ArtifactError(dir + ": no aoti_constants.json (built before the C++ runtime); "
-                        "rebuild it");
   }
   return Artifact{dir, manifest, lane_of(manifest["lane"]),
                   manifest["buckets"].get<std::vector<int64_t>>()};

@@ -4,18 +4,18 @@
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
 
 #include "artifact.h"
+#include "capture.h"
 #include "safetensors.h"
 
 namespace dspark {
 namespace {
-
-using Loader = torch::inductor::AOTIModelPackageLoader;
 
 // the input each entry of the step's rules vector is about (draft/checks.py's RULES)
 const char* const kRules[] = {"anchor", "num_new", "anchor_pos", "anchor_pos", "features",
@@ -65,6 +65,46 @@ std::string span(const at::Tensor& t) {
          std::to_string(t.max().item<int64_t>()) + "]";
 }
 
+// Each tensor into its buffer of the same shape and dtype (a buffer passed as its own tensor
+// is skipped); where all are contiguous, as bytes, which CUDA copies in one kernel.
+void copy_into(const std::vector<at::Tensor>& buffers, const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> to, from;
+  bool contiguous = true;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    if (buffers[i].is_same(tensors[i])) continue;
+    to.push_back(buffers[i]);
+    from.push_back(tensors[i]);
+    contiguous = contiguous && tensors[i].is_contiguous();
+  }
+  if (contiguous) {
+    for (auto* list : {&to, &from}) {
+      for (auto& t : *list) t = t.view(at::kByte);
+    }
+  }
+  at::_foreach_copy_(to, from);
+}
+
+// The device a tensor allocated on `device` is on ("cuda" -> "cuda:0"): the one inputs are
+// compared with and messages name, as the Python runner names its cache's.
+c10::Device resolved(const c10::Device& device) {
+  return at::empty({0}, at::TensorOptions().device(device)).device();
+}
+
+// Holds a runner for one call; a second call meanwhile, from another thread, is refused.
+class Exclusive {
+ public:
+  explicit Exclusive(std::atomic<bool>& busy) : busy_(busy) {
+    if (busy_.exchange(true)) {
+      throw BusyError("this Runner is already running a call in another thread; a Runner is "
+                      "not thread-safe: use one per thread or serialise the calls");
+    }
+  }
+  ~Exclusive() { busy_ = false; }
+
+ private:
+  std::atomic<bool>& busy_;
+};
+
 }  // namespace
 
 InputError::InputError(const std::string& field, const std::string& problem,
@@ -72,14 +112,24 @@ InputError::InputError(const std::string& field, const std::string& problem,
     : std::invalid_argument(field + ": " + problem + "; allowed: " + allowed), field_(field) {}
 
 struct Runner::State {
+  State(Artifact artifact_in, const c10::Device& device_in)
+      : artifact(std::move(artifact_in)), device(device_in), capture(device_in) {}
+
   Artifact artifact;
   c10::Device device;
-  std::map<int64_t, std::unique_ptr<Loader>> loaders;
+  Capture capture;
   std::unordered_map<std::string, at::Tensor> constants;  // user-managed: kept alive here
+  std::map<int64_t, std::unique_ptr<Loader>> loaders;
+  std::unique_ptr<Loader> prefill;  // the prompt's append, any batch and row count
   at::Tensor k_cache, v_cache;
   int64_t capacity;  // the largest anchor position (the context capacity)
+  std::map<int64_t, std::vector<at::Tensor>> inputs;  // bucket -> the step's input buffers
+  std::map<int64_t, Call> calls;                      // bucket -> its bound step
+  std::map<int64_t, std::vector<at::Tensor>> host;    // bucket -> ids, confidences, rules
+  std::map<int64_t, std::pair<at::Tensor, at::Tensor>> defaults;  // requests -> T, seed zeros
   std::map<int64_t, int64_t> rows;  // slot -> cache row; rows 0..size-1 are taken
   int64_t next_slot = 0;
+  std::atomic<bool> busy{false};
 
   int64_t row(int64_t slot) const {
     auto it = rows.find(slot);
@@ -99,10 +149,30 @@ struct Runner::State {
     }
     return *std::lower_bound(buckets.begin(), buckets.end(), requests);
   }
+
+  std::unique_ptr<Loader> load(const std::string& package) {
+    auto loader = std::make_unique<Loader>(artifact.directory + "/" + package, "model", true, 1,
+                                           device.has_index() ? device.index() : -1);
+    std::unordered_map<std::string, at::Tensor> used;
+    for (const auto& fqn : loader->get_constant_fqns()) used[fqn] = constants.at(fqn);
+    loader->load_constants(used, false, true, true);  // not inactive, check all, user-managed
+    return loader;
+  }
+
+  // a bucket's inputs of a round in which no request takes part
+  std::vector<at::Tensor> inert(int64_t bucket) const {
+    const Lane& lane = artifact.lane;
+    const auto on = at::TensorOptions().device(device);
+    const at::Tensor zeros = at::zeros({bucket}, on.dtype(at::kLong));
+    return {at::zeros({bucket, lane.k + 1, lane.feature_size}, on.dtype(lane.dtype)), zeros,
+            zeros.clone(), at::full({bucket}, capacity, on.dtype(at::kLong)),
+            at::zeros({bucket}, on.dtype(at::kFloat)), zeros.clone()};
+  }
 };
 
 Runner::Runner(const std::string& artifact_dir, c10::Device device)
-    : state_(std::make_unique<State>(State{read_artifact(artifact_dir, device), device})) {
+    : state_(std::make_unique<State>(read_artifact(artifact_dir, resolved(device)),
+                                     resolved(device))) {
   State& s = *state_;
   const auto& dir = s.artifact.directory;
   const TensorFile weights = read_safetensors(dir + "/weights.safetensors");
@@ -117,30 +187,34 @@ Runner::Runner(const std::string& artifact_dir, c10::Device device)
     for (const auto& part : parts) pieces.push_back(weights.tensors.at(part.get<std::string>()));
     at::Tensor value = pieces.empty() ? buffers.tensors.at(name)
                        : pieces.size() == 1 ? pieces[0] : at::cat(pieces, 0);
-    s.constants[name] = value.to(device);
+    s.constants[name] = value.to(s.device);
   }
-  for (int64_t bucket : s.artifact.buckets) {
-    auto loader = std::make_unique<Loader>(dir + "/bucket" + std::to_string(bucket) + ".pt2",
-                                           "model", true, 1, device.has_index() ? device.index() : -1);
-    std::unordered_map<std::string, at::Tensor> constants;
-    for (const auto& fqn : loader->get_constant_fqns()) constants[fqn] = s.constants.at(fqn);
-    loader->load_constants(constants, false, true, true);  // not inactive, check all, user-managed
-    s.loaders[bucket] = std::move(loader);
-  }
+  s.prefill = s.load("aoti_prefill.pt2");
   const Lane& lane = s.artifact.lane;
   const int64_t slots = lane.max_context + lane.block_rows + 1;  // context, scratch, trash
   const std::vector<int64_t> shape = {s.artifact.buckets.back(), lane.num_layers,
                                       lane.num_kv_heads, slots, lane.head_dim};
-  const auto options = at::TensorOptions().dtype(lane.dtype).device(device);
+  const auto options = at::TensorOptions().dtype(lane.dtype).device(s.device);
   s.k_cache = at::zeros(shape, options);
   s.v_cache = at::zeros(shape, options);
   s.capacity = std::min(slots - lane.block_rows - 1, lane.max_context);
+  for (int64_t bucket : s.artifact.buckets) {
+    s.loaders[bucket] = s.load("bucket" + std::to_string(bucket) + ".pt2");
+    s.inputs[bucket] = s.inert(bucket);
+    std::vector<at::Tensor> args = {s.k_cache.narrow(0, 0, bucket), s.v_cache.narrow(0, 0, bucket)};
+    args.insert(args.end(), s.inputs[bucket].begin(), s.inputs[bucket].end());
+    s.calls[bucket] = s.capture.bind(*s.loaders[bucket], args);
+    s.host[bucket] = {s.capture.host_buffer({bucket, lane.k}, at::kLong),
+                      s.capture.host_buffer({bucket, lane.k}, at::kFloat),
+                      s.capture.host_buffer({static_cast<int64_t>(std::size(kRules))}, at::kBool)};
+  }
 }
 
 Runner::~Runner() = default;
 
 int64_t Runner::admit() {
   State& s = *state_;
+  Exclusive exclusive(s.busy);
   const auto capacity = s.artifact.buckets.back();
   if (static_cast<int64_t>(s.rows.size()) == capacity) {
     throw InputError("slots", "all " + std::to_string(capacity) + " rows in use",
@@ -153,6 +227,7 @@ int64_t Runner::admit() {
 
 void Runner::release(int64_t slot) {
   State& s = *state_;
+  Exclusive exclusive(s.busy);
   const int64_t row = s.row(slot);
   s.rows.erase(slot);
   const auto last = static_cast<int64_t>(s.rows.size());
@@ -165,12 +240,56 @@ void Runner::release(int64_t slot) {
   }
 }
 
+namespace {
+
+// The InputError of the first rule of the step's rules vector `kept` (on the host) that the
+// caller's inputs broke; messages as draft/checks.py's, from exact values.
+void check_rules(const at::Tensor& kept, const Lane& lane, int64_t capacity,
+                 const at::Tensor& features, const at::Tensor& num_new, const at::Tensor& anchor,
+                 const at::Tensor& anchor_pos, const at::Tensor& temperature,
+                 const at::Tensor& seed) {
+  const int64_t N = features.size(1);
+  const bool* ok = kept.data_ptr<bool>();
+  for (int64_t rule = 0; rule < kept.numel(); ++rule) {
+    if (ok[rule]) continue;
+    const std::string field = kRules[rule];
+    if (rule == 0) throw InputError(field, "values in " + span(anchor), "[0, " + std::to_string(lane.target_vocab_size) + ")");
+    if (rule == 1) throw InputError(field, "values in " + span(num_new), "[0, " + std::to_string(N) + "] (rows of features)");
+    if (rule == 2) {
+      throw InputError(field, std::to_string((anchor_pos < num_new).sum().item<int64_t>()) +
+                       " rows below num_new", "anchor_pos >= num_new");
+    }
+    if (rule == 3) {
+      throw InputError(field, "up to " + std::to_string(anchor_pos.max().item<int64_t>()),
+                       "<= " + std::to_string(capacity) +
+                       " (the context capacity of the cache and the lane)");
+    }
+    if (rule == 4) {
+      const at::Tensor valid = at::arange(N, num_new.options()).unsqueeze(0) < num_new.unsqueeze(1);
+      const auto bad = (valid & at::isfinite(features.sum(-1, false, at::kDouble)).logical_not())
+                           .sum().item<int64_t>();
+      throw InputError(field, "NaN or Inf in " + std::to_string(bad) +
+                       " of the rows that num_new marks valid",
+                       "finite values (padding rows may hold anything)");
+    }
+    if (rule == 5) {
+      const auto bad = ((temperature < 0) | at::isfinite(temperature).logical_not()).sum().item<int64_t>();
+      throw InputError(field, std::to_string(bad) + " negative, NaN or infinite values",
+                       "0 (greedy) or a finite positive number");
+    }
+    throw InputError(field, "values in " + span(seed), "[0, 2^32)");
+  }
+}
+
+}  // namespace
+
 DraftOutput Runner::draft(const at::Tensor& features, const at::Tensor& num_new,
                           const at::Tensor& anchor, const at::Tensor& anchor_pos,
                           const std::optional<at::Tensor>& temperature_in,
                           const std::optional<at::Tensor>& seed_in,
                           const std::vector<int64_t>& slots) {
   State& s = *state_;
+  Exclusive exclusive(s.busy);
   const Lane& lane = s.artifact.lane;
   if (slots.empty()) throw InputError("slots", "[]", "a non-empty sequence of admitted slots");
   std::vector<int64_t> rows;
@@ -195,66 +314,56 @@ DraftOutput Runner::draft(const at::Tensor& features, const at::Tensor& num_new,
   expect("anchor_pos", anchor_pos, {R}, at::kLong, s.device);
   if (temperature_in) expect("temperature", *temperature_in, {R}, at::kFloat, s.device);
   if (seed_in) expect("seed", *seed_in, {R}, at::kLong, s.device);
-  if (N != lane.k + 1) {
+  if (N > s.capacity) {  // the Python runner takes any row count; none past this can be valid
     throw InputError("features", std::to_string(N) + " rows a request",
-                     std::to_string(lane.k + 1) + " (k+1; the C++ runtime takes a longer prompt "
-                     "as rounds of k+1 rows)");
+                     "<= " + std::to_string(s.capacity) + " (the context capacity, as far as "
+                     "the artifact's prefill goes)");
   }
-  const auto on = at::TensorOptions().device(s.device);
-  const at::Tensor temperature = temperature_in ? *temperature_in : at::zeros({R}, on.dtype(at::kFloat));
-  const at::Tensor seed = seed_in ? *seed_in : at::zeros({R}, on.dtype(at::kLong));
+  auto defaults = s.defaults.find(R);
+  if (defaults == s.defaults.end()) {
+    const auto on = at::TensorOptions().device(s.device);
+    defaults = s.defaults.emplace(R, std::make_pair(at::zeros({R}, on.dtype(at::kFloat)),
+                                                    at::zeros({R}, on.dtype(at::kLong)))).first;
+  }
+  const at::Tensor& temperature = temperature_in ? *temperature_in : defaults->second.first;
+  const at::Tensor& seed = seed_in ? *seed_in : defaults->second.second;
 
   const int64_t bucket = s.bucket(static_cast<int64_t>(s.rows.size()));
   std::vector<at::Tensor> inputs = {features, num_new, anchor, anchor_pos, temperature, seed};
   std::vector<int64_t> in_order(bucket);
   for (int64_t i = 0; i < bucket; ++i) in_order[i] = i;
-  const at::Tensor index = at::tensor(rows, at::kLong).to(s.device);
+  const at::Tensor index = at::tensor(rows, at::kLong);
   if (rows != in_order) {  // every input row at its slot's row, inert rows elsewhere
+    const at::Tensor on_device = index.to(s.device);
     for (size_t i = 0; i < inputs.size(); ++i) {
       std::vector<int64_t> shape = inputs[i].sizes().vec();
       shape[0] = bucket;
       at::Tensor full = i == 3 ? at::full(shape, s.capacity, inputs[i].options())
                                : at::zeros(shape, inputs[i].options());
-      inputs[i] = full.index_copy(0, index, inputs[i]);
+      inputs[i] = full.index_copy(0, on_device, inputs[i]);
     }
   }
-  std::vector<at::Tensor> args = {s.k_cache.narrow(0, 0, bucket), s.v_cache.narrow(0, 0, bucket)};
-  args.insert(args.end(), inputs.begin(), inputs.end());
-  const std::vector<at::Tensor> outputs = s.loaders.at(bucket)->run(args);
-  const at::Tensor kept = outputs.at(2).to(at::kCPU);
-
-  for (int64_t rule = 0; rule < kept.numel(); ++rule) {  // messages as draft/checks.py's
-    if (kept[rule].item<bool>()) continue;
-    const std::string field = kRules[rule];
-    if (rule == 0) throw InputError(field, "values in " + span(anchor), "[0, " + std::to_string(lane.target_vocab_size) + ")");
-    if (rule == 1) throw InputError(field, "values in " + span(num_new), "[0, " + std::to_string(N) + "] (rows of features)");
-    if (rule == 2) {
-      throw InputError(field, std::to_string((anchor_pos < num_new).sum().item<int64_t>()) +
-                       " rows below num_new", "anchor_pos >= num_new");
+  const std::vector<at::Tensor>& buffers = s.inputs.at(bucket);
+  if (N != lane.k + 1) {  // a prompt: appended by the prefill, then a round of no new rows
+    std::vector<at::Tensor> args = {s.k_cache.narrow(0, 0, bucket), s.v_cache.narrow(0, 0, bucket)};
+    args.insert(args.end(), inputs.begin(), inputs.end());
+    if (N == 0) {  // the prefill takes one row or more: one row no request marks valid,
+      // and a num_new that breaks its rule (-1) where the caller's breaks [0, 0]
+      args[2] = at::zeros({bucket, 1, lane.feature_size}, features.options());
+      args[3] = args[3].where(args[3] == 0, -1);
     }
-    if (rule == 3) {
-      throw InputError(field, "up to " + std::to_string(anchor_pos.max().item<int64_t>()),
-                       "<= " + std::to_string(s.capacity) +
-                       " (the context capacity of the cache and the lane)");
-    }
-    if (rule == 4) {
-      const at::Tensor valid = at::arange(N, on.dtype(at::kLong)).unsqueeze(0) < num_new.unsqueeze(1);
-      const auto bad = (valid & at::isfinite(features.sum(-1, false, at::kDouble)).logical_not())
-                           .sum().item<int64_t>();
-      throw InputError(field, "NaN or Inf in " + std::to_string(bad) +
-                       " of the rows that num_new marks valid",
-                       "finite values (padding rows may hold anything)");
-    }
-    if (rule == 5) {
-      const auto bad = ((temperature < 0) | at::isfinite(temperature).logical_not()).sum().item<int64_t>();
-      throw InputError(field, std::to_string(bad) + " negative, NaN or infinite values",
-                       "0 (greedy) or a finite positive number");
-    }
-    throw InputError(field, "values in " + span(seed), "[0, 2^32)");
+    const at::Tensor kept = s.prefill->run(args).at(0).to(at::kCPU);
+    check_rules(kept, lane, s.capacity, features, num_new, anchor, anchor_pos, temperature, seed);
+    inputs[0] = buffers[0];
+    inputs[1] = at::zeros_like(inputs[1]);
   }
-  const at::Tensor select = index.to(outputs[0].device());
-  return DraftOutput{outputs[0].index_select(0, select).to(at::kCPU),
-                     outputs[1].index_select(0, select).to(at::kCPU)};
+  copy_into(buffers, inputs);
+  const std::vector<at::Tensor>& outputs = s.calls.at(bucket)();
+  const std::vector<at::Tensor>& host = s.host.at(bucket);
+  for (size_t i = 0; i < host.size(); ++i) host[i].copy_(outputs[i], /*non_blocking=*/true);
+  s.capture.synchronize();
+  check_rules(host[2], lane, s.capacity, features, num_new, anchor, anchor_pos, temperature, seed);
+  return DraftOutput{host[0].index_select(0, index), host[1].index_select(0, index)};
 }
 
 std::vector<int64_t> Runner::slots() const {

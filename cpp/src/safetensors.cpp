@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
-#include <cstring>
 #include <fstream>
 #include <stdexcept>
 #include <utility>
@@ -37,17 +36,19 @@ std::string dtype_name(at::ScalarType type) {
 }  // namespace
 
 TensorFile read_safetensors(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
+  std::ifstream file(path, std::ios::binary | std::ios::ate);
   if (!file) throw std::runtime_error(path + ": cannot open");
+  const auto file_size = static_cast<int64_t>(file.tellg());
+  file.seekg(0);
   uint64_t header_size = 0;  // little-endian, as on every platform torch runs on
   file.read(reinterpret_cast<char*>(&header_size), sizeof header_size);
+  if (!file || header_size > static_cast<uint64_t>(file_size) - 8) {
+    throw std::runtime_error(path + ": truncated header");
+  }
   std::string header(header_size, '\0');
   file.read(header.data(), static_cast<std::streamsize>(header_size));
-  if (!file) throw std::runtime_error(path + ": truncated header");
   const nlohmann::json entries = nlohmann::json::parse(header);
-  std::vector<char> rest((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  at::Tensor data = at::empty({static_cast<int64_t>(rest.size())}, at::kByte);
-  std::memcpy(data.data_ptr(), rest.data(), rest.size());
+  const int64_t data_start = 8 + static_cast<int64_t>(header_size);
 
   TensorFile out;
   for (const auto& [name, entry] : entries.items()) {
@@ -57,16 +58,18 @@ TensorFile read_safetensors(const std::string& path) {
     }
     const auto shape = entry.at("shape").get<std::vector<int64_t>>();
     const auto offsets = entry.at("data_offsets").get<std::vector<int64_t>>();
-    if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data.numel()) {
+    if (offsets.size() != 2 || offsets[0] < 0 || offsets[0] > offsets[1] ||
+        offsets[1] > file_size - data_start) {
       throw std::runtime_error(path + ": " + name + " lies outside the file");
     }
     const auto type = scalar_type(entry.at("dtype").get<std::string>(), path);
-    at::Tensor bytes = data.slice(0, offsets[0], offsets[1]);
-    at::Tensor tensor = at::empty(shape, at::TensorOptions().dtype(type));
-    if (tensor.nbytes() != static_cast<size_t>(bytes.numel())) {
+    at::Tensor tensor = at::empty(shape, at::TensorOptions().dtype(type));  // aligned, its own
+    if (tensor.nbytes() != static_cast<size_t>(offsets[1] - offsets[0])) {
       throw std::runtime_error(path + ": " + name + "'s bytes do not fit its shape");
     }
-    std::memcpy(tensor.data_ptr(), bytes.data_ptr(), tensor.nbytes());  // aligned, own storage
+    file.seekg(data_start + offsets[0]);
+    file.read(static_cast<char*>(tensor.data_ptr()), static_cast<std::streamsize>(tensor.nbytes()));
+    if (!file) throw std::runtime_error(path + ": " + name + " could not be read");
     out.tensors[name] = tensor;
   }
   return out;

@@ -1,10 +1,15 @@
-// dspark-draft-cpp ARTIFACT INPUTS OUTPUTS: replays the rounds `dspark-verify record=INPUTS`
-// wrote through the C++ runner and writes their ids and confidences to OUTPUTS (a refused
-// round: its message, as metadata "<round>.error"), for `dspark-verify replay=OUTPUTS` to
-// check against the host path.
+// dspark-draft-cpp ARTIFACT INPUTS OUTPUTS [--time REPEATS]: replays the rounds
+// `dspark-verify record=INPUTS` wrote through the C++ runner and writes their ids and
+// confidences to OUTPUTS (a refused round: its message, as metadata "<round>.error"), for
+// `dspark-verify replay=OUTPUTS` to check against the host path. With --time, each bucket's
+// last drafted round is drafted REPEATS times more and the wall time of each call, in
+// microseconds, goes to metadata "b<bucket>.draft_us" (a JSON list); the Runner's
+// construction (checks, weights, loads, capture) in seconds to "load_s".
 #include <dspark/runner.h>
 #include <nlohmann/json.hpp>
 
+#include <chrono>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <string>
@@ -12,16 +17,21 @@
 #include "../src/safetensors.h"
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::cerr << "usage: dspark-draft-cpp ARTIFACT INPUTS OUTPUTS\n";
+  const bool timed = argc == 6 && std::string(argv[4]) == "--time";
+  if (argc != 4 && !timed) {
+    std::cerr << "usage: dspark-draft-cpp ARTIFACT INPUTS OUTPUTS [--time REPEATS]\n";
     return 2;
   }
   try {
+    const int repeats = timed ? std::stoi(argv[5]) : 0;
     const dspark::TensorFile recorded = dspark::read_safetensors(argv[2]);
     const c10::Device device(recorded.metadata.at("device"));
+    const auto loading = std::chrono::steady_clock::now();
     dspark::Runner runner(argv[1], device);
     std::map<std::string, at::Tensor> outputs;
     std::map<std::string, std::string> metadata = recorded.metadata;  // the rounds' settings
+    metadata["load_s"] = std::to_string(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - loading).count());
     // plan: [[bucket, requests, rounds], ...], each bucket's requests admitted, then released
     const auto plan = nlohmann::json::parse(recorded.metadata.at("plan"));
     int64_t rounds = 0;
@@ -29,20 +39,34 @@ int main(int argc, char** argv) {
       const auto bucket = entry[0].get<int64_t>();
       std::vector<int64_t> slots;
       for (int64_t i = 0; i < entry[1].get<int64_t>(); ++i) slots.push_back(runner.admit());
+      std::function<dspark::DraftOutput()> last;  // the bucket's last round that drafted
       for (int64_t r = 0; r < entry[2].get<int64_t>(); ++r, ++rounds) {
         const std::string prefix = "b" + std::to_string(bucket) + ".r" + std::to_string(r) + ".";
-        auto input = [&](const std::string& name) {
-          return recorded.tensors.at(prefix + name).to(device);
+        std::vector<at::Tensor> in;
+        for (const char* name : {"features", "num_new", "anchor", "anchor_pos", "temperature", "seed"}) {
+          in.push_back(recorded.tensors.at(prefix + name).to(device));
+        }
+        auto round = [&runner, &slots, in] {
+          return runner.draft(in[0], in[1], in[2], in[3], in[4], in[5], slots);
         };
         try {
-          const dspark::DraftOutput out =
-              runner.draft(input("features"), input("num_new"), input("anchor"),
-                           input("anchor_pos"), input("temperature"), input("seed"), slots);
+          const dspark::DraftOutput out = round();
           outputs[prefix + "ids"] = out.ids;
           outputs[prefix + "confidences"] = out.confidences;
+          last = round;
         } catch (const dspark::InputError& err) {  // a refused round: its message, then on
           metadata[prefix + "error"] = err.what();
         }
+      }
+      if (timed && last) {
+        std::vector<double> micros;
+        for (int i = 0; i < repeats; ++i) {
+          const auto start = std::chrono::steady_clock::now();
+          last();
+          micros.push_back(std::chrono::duration<double, std::micro>(
+                               std::chrono::steady_clock::now() - start).count());
+        }
+        metadata["b" + std::to_string(bucket) + ".draft_us"] = nlohmann::json(micros).dump();
       }
       for (int64_t slot : slots) runner.release(slot);
     }

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 def compiled_sources() -> list[Path]:

@@ -4,7 +4,7 @@ backend compiles, and the host path that is its oracle."""
 from dspark_compile.draft.checks import check_round
 from dspark_compile.draft.host import HostPath, HostResult
 from dspark_compile.draft.inputs import DraftOutput, KVCache, RoundInputs
-from dspark_compile.draft.step import DraftStep, draft
+from dspark_compile.draft.step import DraftStep, PrefillStep, draft
 
-__all__ = ["DraftOutput", "DraftStep", "HostPath", "HostResult", "KVCache", "RoundInputs",
-           "check_round", "draft"]
+__all__ = ["DraftOutput", "DraftStep", "HostPath", "HostResult", "KVCache", "PrefillStep",
+           "RoundInputs", "check_round", "draft"]

@@ -35,13 +35,8 @@ class DraftStep(nn.Module):
                 anchor: Tensor, anchor_pos: Tensor, temperature: Tensor, seed: Tensor
                 ) -> tuple[Tensor, ...]:
         d = self.drafter
-        slots = k_cache.shape[-2]
-        rules = round_rules(d.lane, slots, features, num_new, anchor, anchor_pos,
-                            temperature, seed)
-        ok = rules.all()
-        num_new, anchor, seed = (t.where(ok, 0) for t in (num_new, anchor, seed))
-        anchor_pos = anchor_pos.where(ok, context_capacity(d.lane, slots))
-        temperature = temperature.where(ok, 0.0)
+        rules, (num_new, anchor, anchor_pos, temperature, seed) = inert_unless_kept(
+            d, k_cache, features, num_new, anchor, anchor_pos, temperature, seed)
         d.append_context(k_cache, v_cache, features, num_new, anchor_pos)
         h, base_logits = d(k_cache, v_cache, anchor, anchor_pos)
         ids, prevs, logits = markov_loop(d, h, base_logits, anchor, temperature, seed,
@@ -50,6 +45,39 @@ class DraftStep(nn.Module):
         if self.with_probs:
             return ids, confidences, rules, draft_probs(d, logits, ids, temperature)
         return ids, confidences, rules
+
+
+class PrefillStep(nn.Module):
+    """A prompt's context append alone, for a runtime with no eager append of its own (the
+    C++ one): any number of feature rows, the draft step's rules, and nothing appended in
+    a round that breaks one. Returns the rules vector. The runtime then runs the draft
+    step with no new rows, as the Python runner does after its eager append."""
+
+    def __init__(self, drafter: Drafter):
+        super().__init__()
+        self.drafter = drafter
+
+    def forward(self, k_cache: Tensor, v_cache: Tensor, features: Tensor, num_new: Tensor,
+                anchor: Tensor, anchor_pos: Tensor, temperature: Tensor, seed: Tensor
+                ) -> Tensor:
+        rules, (num_new, _, anchor_pos, _, _) = inert_unless_kept(
+            self.drafter, k_cache, features, num_new, anchor, anchor_pos, temperature, seed)
+        self.drafter.append_context(k_cache, v_cache, features, num_new, anchor_pos)
+        return rules
+
+
+def inert_unless_kept(drafter: Drafter, k_cache: Tensor, features: Tensor, num_new: Tensor,
+                      anchor: Tensor, anchor_pos: Tensor, temperature: Tensor, seed: Tensor
+                      ) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """:func:`round_rules` of a round, and its inputs after num_new to features, or inert
+    ones (no new context, the anchor at the context capacity) where a rule is broken."""
+    slots = k_cache.shape[-2]
+    rules = round_rules(drafter.lane, slots, features, num_new, anchor, anchor_pos,
+                        temperature, seed)
+    ok = rules.all()
+    num_new, anchor, seed = (t.where(ok, 0) for t in (num_new, anchor, seed))
+    anchor_pos = anchor_pos.where(ok, context_capacity(drafter.lane, slots))
+    return rules, (num_new, anchor, anchor_pos, temperature.where(ok, 0.0), seed)
 
 
 @torch.no_grad()

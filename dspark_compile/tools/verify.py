@@ -90,13 +90,12 @@ def verify_artifact(artifact_dir: str | Path, device: str = "cpu", rounds: int =
 
 
 def record_rounds(artifact_dir: str | Path, path: str | Path, device: str = "cpu",
-                  rounds: int = 4, seed: int = 0, temperature: float = 0.0) -> dict[str, Any]:
-    """Write the rounds :func:`verify_artifact` checks to ``path``, every one of k+1 feature
-    rows (a prompt included: the C++ runtime takes no longer one yet). Checks the artifact
-    as a load does; loads no backend."""
+                  rounds: int = 4, context: int = 24, seed: int = 0,
+                  temperature: float = 0.0) -> dict[str, Any]:
+    """Write the rounds :func:`verify_artifact` checks to ``path``. Checks the artifact as
+    a load does; loads no backend."""
     manifest = read_manifest(Path(artifact_dir), environment(device))
     lane = LaneConfig(**manifest["lane"])
-    context = lane.k + 1
     settings = {"rounds": rounds, "context": context, "seed": seed, "temperature": temperature}
     rounds_made = plan(lane, manifest["buckets"], rounds, context, seed, temperature, device)
     steps = save_rounds(path, list(rounds_made), device, settings)

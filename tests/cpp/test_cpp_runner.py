@@ -63,8 +63,9 @@ def test_the_cpp_runner_drafts_the_python_runners_bits_and_passes_the_replay(
         draft_cpp, built_artifact, device, lane_name, tmp_path):
     artifact = built_artifact("aoti", lane_name)
     rounds, outputs = tmp_path / "rounds.safetensors", tmp_path / "outputs.safetensors"
-    # T = 1: the odd rows sample, the even rows draft greedily
-    record_rounds(artifact, rounds, device.type, ROUNDS, SEED, temperature=1.0)
+    # prompts of 12-24 rows, through the compiled prefill; T = 1: the odd rows sample, the
+    # even rows draft greedily
+    record_rounds(artifact, rounds, device.type, ROUNDS, seed=SEED, temperature=1.0)
     result = draft_in_cpp(draft_cpp, artifact, rounds, outputs)
     assert result.returncode == 0, result.stderr
 
@@ -74,8 +75,7 @@ def test_the_cpp_runner_drafts_the_python_runners_bits_and_passes_the_replay(
 
     drafted = load_file(outputs)
     runner = load_runner(artifact, device)
-    context = runner.lane.k + 1
-    for bucket, batch, inputs in plan(runner.lane, runner.buckets, ROUNDS, context, SEED, 1.0,
+    for bucket, batch, inputs in plan(runner.lane, runner.buckets, ROUNDS, 24, SEED, 1.0,
                                       device.type):
         slots = [runner.admit() for _ in range(batch)]
         for index, round_inputs in enumerate(inputs):
@@ -115,14 +115,24 @@ def test_the_cpp_runner_refuses_a_damaged_artifact_as_the_python_loader_does(
 
 def test_a_refused_round_names_its_input_as_python_does_and_changes_nothing(
         draft_cpp, built_artifact, device, tmp_path):
+    """Refused: a prompt with a NaN in a valid row (by the compiled prefill's rules), a bad
+    anchor (by the step's), narrow features (before any work), a round with no feature rows
+    but a new one claimed. Drafted: a round with no feature rows and none claimed."""
     artifact = built_artifact("aoti", "tiny")
     runner = load_runner(artifact, device)
-    (bucket, batch, inputs), = plan(runner.lane, runner.buckets, ROUNDS, runner.lane.k + 1,
-                                    SEED, 0.0, device.type)
+    (bucket, batch, inputs), = plan(runner.lane, runner.buckets, ROUNDS, 24, SEED, 0.0,
+                                    device.type)
+    prompt = inputs[0]
+    bad_prompt = dataclasses.replace(prompt, features=prompt.features.clone())
+    bad_prompt.features[0, int(prompt.num_new[0]) - 1, 0] = float("nan")
     bad_anchor = dataclasses.replace(inputs[2], anchor=inputs[2].anchor.clone().fill_(-1))
     narrow = dataclasses.replace(inputs[3], features=inputs[3].features[..., 1:].contiguous())
-    refused = {2: bad_anchor, 4: narrow}  # rounds of the recording that must be refused
-    recorded = inputs[:2] + [bad_anchor, inputs[2], narrow] + inputs[3:]
+    no_rows = dataclasses.replace(inputs[1], features=inputs[1].features[:, :0],
+                                  num_new=torch.zeros_like(inputs[1].num_new))
+    claims_a_row = dataclasses.replace(no_rows, num_new=torch.ones_like(no_rows.num_new))
+    recorded = [bad_prompt, prompt, inputs[1], no_rows, bad_anchor, inputs[2], narrow,
+                claims_a_row, *inputs[3:]]
+    refused = {0: bad_prompt, 4: bad_anchor, 6: narrow, 7: claims_a_row}  # by index
     rounds, outputs = tmp_path / "rounds.safetensors", tmp_path / "outputs.safetensors"
     save_rounds(rounds, [(bucket, batch, recorded)], device.type, {})
     result = draft_in_cpp(draft_cpp, artifact, rounds, outputs)
@@ -134,11 +144,11 @@ def test_a_refused_round_names_its_input_as_python_does_and_changes_nothing(
     drafted = load_file(outputs)
     slots = [runner.admit() for _ in range(batch)]
     # a runner that never saw the refused rounds drafts what the C++ runner drafted after them
-    kept = [index for index in range(len(recorded)) if index not in refused]
-    for index, round_inputs in zip(kept, inputs, strict=True):
-        out = runner.draft(round_inputs, slots)
-        assert torch.equal(out.ids, drafted[f"b{bucket}.r{index}.ids"]), index
-        assert torch.equal(out.confidences, drafted[f"b{bucket}.r{index}.confidences"]), index
+    for index, round_inputs in enumerate(recorded):
+        if index not in refused:
+            out = runner.draft(round_inputs, slots)
+            assert torch.equal(out.ids, drafted[f"b{bucket}.r{index}.ids"]), index
+            assert torch.equal(out.confidences, drafted[f"b{bucket}.r{index}.confidences"]), index
     for index, round_inputs in refused.items():
         with pytest.raises(InputError) as python:
             runner.draft(round_inputs, slots)

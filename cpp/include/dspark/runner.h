@@ -31,6 +31,12 @@ class ArtifactError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A call made while another thread is inside the same Runner (a Runner is not thread-safe).
+class BusyError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // One round's outputs for the requested slots, in their order, on the host.
 struct DraftOutput {
   at::Tensor ids;          // [R, k] int64, target vocabulary
@@ -38,8 +44,10 @@ struct DraftOutput {
 };
 
 // A loaded artifact with its own KV cache and request slots. Every file's sha256 is checked
-// before any of it is used. Rounds take k+1 feature rows (a longer prompt is not taken yet:
-// feed it in rounds of k+1 rows). Not thread-safe: one Runner per thread.
+// before any of it is used. Each bucket's step runs on fixed input buffers and, on CUDA, as
+// one CUDA-graph replay, its outputs copied to pinned host memory; a round whose features do
+// not have k+1 rows (a prompt) is appended by the artifact's compiled prefill first. Not
+// thread-safe: a call while another thread is inside the same Runner throws BusyError.
 class Runner {
  public:
   explicit Runner(const std::string& artifact_dir, c10::Device device = c10::Device("cpu"));

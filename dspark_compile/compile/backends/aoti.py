@@ -3,24 +3,29 @@ out of the ``.pt2`` (the artifact's safetensors feed ``load_constants``), so thr
 of a 27B-class drafter do not carry three copies of 8.8 GB. For loaders without Python (the
 C++ runtime) the artifact also says what each package constant is made of
 (``aoti_constants.json``: the weights file's tensors, concatenated in order) and holds the
-constants that are no weights (``aoti_buffers.safetensors``: the RoPE tables)."""
+constants that are no weights (``aoti_buffers.safetensors``: the RoPE tables) and the
+prompt's append compiled for any batch and row count (``aoti_prefill.pt2``, the
+:class:`~dspark_compile.draft.PrefillStep`), which the Python runner runs eagerly instead."""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
-from dspark_compile.draft import DraftStep
+from dspark_compile.config import LaneConfig
+from dspark_compile.draft import DraftStep, PrefillStep
+from dspark_compile.draft.checks import context_capacity
 from dspark_compile.model.fused import state_sources
 from dspark_compile import progress
 
 CONSTANTS = "aoti_constants.json"
 BUFFERS = "aoti_buffers.safetensors"
+PREFILL = "aoti_prefill.pt2"
 
 INDUCTOR_CONFIGS = {
     "aot_inductor.package_constants_in_so": False,
@@ -52,17 +57,42 @@ def write_constants(step: DraftStep, out_dir: Path) -> None:
 
 
 def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
-    import torch._inductor
-
     write_constants(step, out_dir)
     for bucket, i, n in progress.buckets(examples):
-        progress.phase(f"exporting bucket {bucket} ({i}/{n})")
-        with torch.no_grad():
-            program = torch.export.export(step, examples[bucket], strict=False)
-        progress.phase(f"lowering, C++ compile and packaging of bucket {bucket} ({i}/{n})")
-        torch._inductor.aoti_compile_and_package(
-            program, package_path=str(_package(out_dir, bucket)),
-            inductor_configs=INDUCTOR_CONFIGS)
+        _export(step, examples[bucket], _package(out_dir, bucket), f"bucket {bucket} ({i}/{n})")
+    example, shapes = prefill_example(step.drafter.lane, examples[max(examples)])
+    _export(PrefillStep(step.drafter), example, out_dir / PREFILL,
+            "the prefill (any batch up to the largest bucket's, any rows)", shapes)
+
+
+def _export(module: torch.nn.Module, example: tuple[Tensor, ...], package: Path, what: str,
+            dynamic_shapes: Optional[tuple] = None) -> None:
+    import torch._inductor
+
+    progress.phase(f"exporting {what}")
+    with torch.no_grad():
+        program = torch.export.export(module, example, dynamic_shapes=dynamic_shapes,
+                                      strict=False)
+    progress.phase(f"lowering, C++ compile and packaging of {what}")
+    torch._inductor.aoti_compile_and_package(program, package_path=str(package),
+                                             inductor_configs=INDUCTOR_CONFIGS)
+
+
+def prefill_example(lane: LaneConfig, decode: tuple[Tensor, ...]
+                    ) -> tuple[tuple[Tensor, ...], tuple]:
+    """The prefill's example inputs (the largest bucket's, with one feature row more than a
+    decode round) and their dynamic dimensions: the batch where the largest bucket holds
+    more than one request (export fixes a dimension of size 1), and up to the context
+    capacity's rows. The bound matters: without one, AOTInductor sizes its kernels' indices
+    by the example, and a batch of long prompts overflows 32-bit indexing."""
+    k_cache, v_cache, features, *rest = decode
+    batch, decode_rows, width = features.shape
+    example = (k_cache, v_cache, features.new_zeros(batch, decode_rows + 1, width), *rest)
+    requests = {0: torch.export.Dim("requests", min=1, max=batch)} if batch > 1 else {}
+    capacity = context_capacity(lane, k_cache.shape[-2])
+    rows = {1: torch.export.Dim("rows", min=1, max=capacity)}
+    shapes = tuple({**requests, **(rows if i == 2 else {})} or None for i in range(len(example)))
+    return example, shapes
 
 
 def load(out_dir: Path, step: DraftStep, buckets: list[int]) -> dict[int, Callable]:
