@@ -6,11 +6,13 @@
 #include <torch/headeronly/version.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 namespace dspark {
 namespace {
@@ -155,23 +157,46 @@ std::vector<std::string> environment_differences(const json& env, const c10::Dev
 }
 
 // The first file, in manifest order, whose bytes fail their sha256 (a chunked file: its size
-// and every chunk); empty if none.
+// and every chunk); empty if none. The files and chunks are hashed on a thread each, up to
+// the machine's cores, as the Python loader does.
 std::string first_failing(const fs::path& directory, const json& files, const json& chunks) {
+  struct Check {
+    std::string name;
+    int64_t offset, length;  // length < 0: to the end of the file
+    std::string sha256;      // empty: fails (a chunked file of the wrong size)
+  };
+  std::vector<Check> checks;
   for (const auto& [name, sha] : files.items()) {
-    const fs::path path = directory / name;
     if (!chunks.contains(name)) {
-      if (sha256_file(path, 0, -1) != sha.get<std::string>()) return name;
+      checks.push_back({name, 0, -1, sha.get<std::string>()});
       continue;
     }
     const auto& record = chunks[name];
-    if (static_cast<int64_t>(fs::file_size(path)) != record["size"].get<int64_t>()) return name;
+    if (static_cast<int64_t>(fs::file_size(directory / name)) != record["size"].get<int64_t>()) {
+      checks.push_back({name, 0, 0, ""});
+      continue;
+    }
     const auto bytes = record["bytes"].get<int64_t>();
     for (size_t i = 0; i < record["sha256"].size(); ++i) {
-      if (sha256_file(path, static_cast<int64_t>(i) * bytes, bytes) !=
-          record["sha256"][i].get<std::string>()) {
-        return name;
-      }
+      checks.push_back({name, static_cast<int64_t>(i) * bytes, bytes,
+                        record["sha256"][i].get<std::string>()});
     }
+  }
+  std::vector<char> passed(checks.size(), 0);
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next++) < checks.size();) {
+      const Check& c = checks[i];
+      passed[i] = !c.sha256.empty() &&
+                  sha256_file(directory / c.name, c.offset, c.length) == c.sha256;
+    }
+  };
+  std::vector<std::thread> threads;
+  const unsigned count = std::clamp(std::thread::hardware_concurrency(), 1u, 32u);
+  for (unsigned t = 0; t < count; ++t) threads.emplace_back(work);
+  for (auto& thread : threads) thread.join();
+  for (size_t i = 0; i < checks.size(); ++i) {
+    if (!passed[i]) return checks[i].name;
   }
   return "";
 }

@@ -184,10 +184,11 @@ Runner::Runner(const std::string& artifact_dir, c10::Device device)
   }
   for (const auto& [name, parts] : recipe.items()) {  // each constant, made once on the device
     std::vector<at::Tensor> pieces;
-    for (const auto& part : parts) pieces.push_back(weights.tensors.at(part.get<std::string>()));
-    at::Tensor value = pieces.empty() ? buffers.tensors.at(name)
-                       : pieces.size() == 1 ? pieces[0] : at::cat(pieces, 0);
-    s.constants[name] = value.to(s.device);
+    for (const auto& part : parts) {
+      pieces.push_back(weights.tensors.at(part.get<std::string>()).to(s.device));
+    }
+    s.constants[name] = pieces.empty() ? buffers.tensors.at(name).to(s.device)
+                        : pieces.size() == 1 ? pieces[0] : at::cat(pieces, 0);
   }
   s.prefill = s.load("aoti_prefill.pt2");
   const Lane& lane = s.artifact.lane;

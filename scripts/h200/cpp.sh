@@ -5,22 +5,16 @@
 #   scripts/h200/cpp.sh build           # the C++ runtime, Release, against this torch
 #   scripts/h200/cpp.sh artifact LANE   # LANE's aoti artifact, buckets 1 8 64, random weights
 #   scripts/h200/cpp.sh check LANE      # the comparison; JSON and table to $OUT
-# Expects .whl/ (Hydra and nlohmann_json wheels; OpenSSL's headers in .whl/openssl-include
-# for a machine that lacks them).
+# Expects .whl/ (the Hydra and nlohmann_json wheels; the image has CMake and OpenSSL's headers).
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null || true
 export PYTHONPATH=/tmp/site:$PWD
 case "$1" in
   build)
-    ssl=()
-    if [ ! -e /usr/include/openssl/sha.h ]; then  # the carried headers, the system's libcrypto
-      crypto=$(ldconfig -p | grep -o '/.*libcrypto\.so\.3$' | head -1)
-      ssl=(-DOPENSSL_INCLUDE_DIR=$PWD/.whl/openssl-include -DOPENSSL_CRYPTO_LIBRARY=$crypto)
-    fi
     cmake -S cpp -B build/cpp -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_PREFIX_PATH="$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')" \
-      -DNLOHMANN_JSON_INCLUDE_DIR=/tmp/site/nlohmann_json/include "${ssl[@]}" > "$OUT/cmake.txt" 2>&1 \
+      -DNLOHMANN_JSON_INCLUDE_DIR=/tmp/site/nlohmann_json/include > "$OUT/cmake.txt" 2>&1 \
       || { tail -40 "$OUT/cmake.txt"; exit 1; }
     cmake --build build/cpp -j 16 2>&1 | tail -5
     ;;
