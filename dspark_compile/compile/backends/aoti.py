@@ -4,8 +4,9 @@ of a 27B-class drafter do not carry three copies of 8.8 GB. For loaders without 
 C++ runtime) the artifact also says what each package constant is made of
 (``aoti_constants.json``: the weights file's tensors, concatenated in order) and holds the
 constants that are no weights (``aoti_buffers.safetensors``: the RoPE tables) and the
-prompt's append compiled for any batch and row count (``aoti_prefill.pt2``, the
-:class:`~dspark_compile.draft.PrefillStep`), which the Python runner runs eagerly instead."""
+prompt's append compiled for batches up to the largest bucket and prompts up to the context
+capacity (``aoti_prefill.pt2``, :class:`~dspark_compile.draft.PrefillStep`), which the
+Python runner runs eagerly instead."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: P
         _export(step, examples[bucket], _package(out_dir, bucket), f"bucket {bucket} ({i}/{n})")
     example, shapes = prefill_example(step.drafter.lane, examples[max(examples)])
     _export(PrefillStep(step.drafter), example, out_dir / PREFILL,
-            "the prefill (any batch up to the largest bucket's, any rows)", shapes)
+            "the prefill (batches up to the largest bucket, prompts up to the capacity)", shapes)
 
 
 def _export(module: torch.nn.Module, example: tuple[Tensor, ...], package: Path, what: str,
