@@ -120,7 +120,7 @@ struct Runner::State {
   Capture capture;
   std::unordered_map<std::string, at::Tensor> constants;  // user-managed: kept alive here
   std::map<int64_t, std::unique_ptr<Loader>> loaders;
-  std::unique_ptr<Loader> prefill;  // the prompt's append, any batch and row count
+  std::unique_ptr<Loader> prefill;  // the prompt's append (aoti_prefill.pt2)
   at::Tensor k_cache, v_cache;
   int64_t capacity;  // the largest anchor position (the context capacity)
   std::map<int64_t, std::vector<at::Tensor>> inputs;  // bucket -> the step's input buffers
@@ -170,9 +170,9 @@ struct Runner::State {
   }
 };
 
-Runner::Runner(const std::string& artifact_dir, c10::Device device)
-    : state_(std::make_unique<State>(read_artifact(artifact_dir, resolved(device)),
-                                     resolved(device))) {
+Runner::Runner(const std::string& artifact_dir, c10::Device device_in) {
+  const c10::Device device = resolved(device_in);
+  state_ = std::make_unique<State>(read_artifact(artifact_dir, device), device);
   State& s = *state_;
   const auto& dir = s.artifact.directory;
   const TensorFile weights = read_safetensors(dir + "/weights.safetensors");
