@@ -66,11 +66,11 @@ class LaneConfig:
     attention_bias: bool = False  # q/k/v/o projections carry biases
     markov_rank: int = 256
     markov_head: MarkovHead = MarkovHead.vanilla
-    # on CUDA, the Markov walk as Triton kernels (dspark_compile/kernels/markov/), and the
-    # block's attention as FlexAttention's decoding kernel. "auto": on where the device,
-    # dtype and head support it (decided when a drafter is made on a device: for_device)
+    # on CUDA, the Markov walk and the block's attention as Triton kernels of our own
+    # (dspark_compile/kernels/). "auto": on where the device, dtype and head support them
+    # (decided when a drafter is made on a device: for_device)
     fused_markov_step: Any = "auto"
-    flex_attention: Any = "auto"
+    fused_attention: Any = "auto"
     confidence_with_markov: bool = True
     layout: Layout = Layout.anchor_first
     # per layer "full_attention" (all context, the block bidirectional) or
@@ -118,7 +118,7 @@ class LaneConfig:
                  ("confidence_with_markov", isinstance(self.confidence_with_markov, bool),
                   "true or false"),
                  ("fused_markov_step", _switch(self.fused_markov_step), "true, false or auto"),
-                 ("flex_attention", _switch(self.flex_attention), "true, false or auto")]
+                 ("fused_attention", _switch(self.fused_attention), "true, false or auto")]
         for name, ok, allowed in types:
             if not ok:
                 raise ConfigError(f"lane {self.name!r}: {name}={getattr(self, name)!r}, "
@@ -142,6 +142,9 @@ class LaneConfig:
              "fused_markov_step", ("false or auto unless markov_head=vanilla, dtype=bfloat16 "
                                    "and markov_rank is a power of two in [16, 1024]"),
              self.fused_markov_step),
+            (self.fused_attention is not True or self.dtype != "float64", "fused_attention",
+             "false or auto with dtype=float64 (the kernel has no float64 path)",
+             self.fused_attention),
         ]
         for ok, name, allowed, value in checks:
             if not ok:
@@ -165,12 +168,12 @@ class LaneConfig:
         """The lane with its ``auto`` fast paths decided for ``device``: on CUDA where they
         apply, off elsewhere (on the CPU both paths are the reference ones anyway)."""
         cuda = torch.device(device).type == "cuda"
-        fused, flex = self.fused_markov_step, self.flex_attention
+        fused, attention = self.fused_markov_step, self.fused_attention
         if fused == "auto":
             fused = cuda and self.fused_step_supported
-        if flex == "auto":
-            flex = cuda and self.dtype != "float64"  # FlexAttention has no float64 kernel
-        return self.replace(fused_markov_step=fused, flex_attention=flex)
+        if attention == "auto":
+            attention = cuda and self.dtype != "float64"
+        return self.replace(fused_markov_step=fused, fused_attention=attention)
 
     @property
     def has_sliding_layers(self) -> bool:

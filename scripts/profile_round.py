@@ -3,7 +3,7 @@ time of the round's kernels (CUDA graph kernels included) against its wall time,
 kernels of one round as the profiler sees them, per backend.
 
     python scripts/profile_round.py --lane qwen36_27b --set fused_markov_step=true \
-        flex_attention=true --backends inductor aoti --batch 1 --trace-dir traces
+        fused_attention=true --backends inductor aoti --batch 1 --trace-dir traces
 """
 
 from __future__ import annotations

@@ -99,6 +99,29 @@ def built_artifact(tmp_path_factory):
     return get
 
 
+# NumPy 2.4 refuses int() of a one-element array, which Triton 3.6's interpreter takes of
+# a loop bound loaded from memory; the GPU compiler never does.
+INTERPRETER_SHIM = """
+from triton.runtime import interpreter
+_patch = interpreter._patch_lang_tensor
+def _patch_with_index(tensor, scope):
+    _patch(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+interpreter._patch_lang_tensor = _patch_with_index
+"""
+
+
+@pytest.fixture
+def interpreted():
+    """``interpreted(script, *argv)``: the script in a fresh process whose Triton kernels
+    run in Triton's interpreter on the CPU; the finished ``subprocess.CompletedProcess``."""
+    def run(script: str, *argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", INTERPRETER_SHIM + script, *argv],
+                              env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True,
+                              text=True, timeout=600)
+    return run
+
+
 @pytest.fixture
 def fresh_verify():
     return run_verify

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dspark_compile import progress
+from dspark_compile import kernels, progress
 from dspark_compile.checkpoint import cast_drafter
 from dspark_compile.compile.backends import example_inputs, get_backend
 from dspark_compile.compile.key import ArtifactKey, environment, tensors_sha256
 from dspark_compile.compile.store import build_or_reuse, save_weights
 from dspark_compile.draft import DraftStep
 from dspark_compile.errors import ConfigError
-from dspark_compile.kernels import markov
 from dspark_compile.model import Drafter
 
 
@@ -42,7 +41,7 @@ def build_artifact(drafter: Drafter, backend_name: str, buckets: list[int],
         progress.phase("writing the weights")
         save_weights(weights, tmp)
         examples = {b: example_inputs(lane, b, device) for b in buckets}
-        markov.register()  # before any trace of the step (a no-op where it cannot run)
+        kernels.register()  # before any trace of the step (a no-op where they cannot run)
         backend.compile(DraftStep(drafter, with_probs), examples, tmp)
 
     return build_or_reuse(key, Path(root), write)

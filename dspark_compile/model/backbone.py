@@ -14,11 +14,11 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from dspark_compile.config import LaneConfig, Layout
+from dspark_compile.kernels.attention import block_attention
 from dspark_compile.model.fused import FusedLinear, keep_part_names
-from dspark_compile.model.masks import Mask, attention_masks
+from dspark_compile.model.masks import Mask, Span, attention_masks
 from dspark_compile.model.rope import rope_tables
 from dspark_compile.model.vocab import TokenTable
 
@@ -29,23 +29,6 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
     "relu": F.relu,
 }
-
-@functools.cache
-def compiled_flex_attention() -> Callable[..., Tensor]:
-    """FlexAttention is fast only compiled: eager callers go through this compile of it,
-    and a step that is being compiled or exported lowers the same op itself. Made on first
-    use: ``torch.compile`` takes seconds to import. Its rounding is that of the compiled
-    backends' own lowering (``emulate_precision_casts``), fixed here so that no flag set
-    elsewhere in the process changes the host path's bits (on CUDA it did).
-
-    Every shape (batch, lane, mask) is a compile of its own; past Dynamo's recompile limit
-    (8 by default) the call would fall back to FlexAttention's unfused math, which rounds
-    otherwise and cannot be captured in a CUDA graph. A process holds a few lanes of
-    three or four buckets and two mask types each: the limit is raised for that."""
-    config = torch._dynamo.config
-    config.recompile_limit = max(config.recompile_limit, 256)
-    return torch.compile(flex_attention, dynamic=False,
-                         options={"emulate_precision_casts": True})
 
 
 class RMSNorm(nn.Module):
@@ -111,19 +94,14 @@ class Attention(nn.Module):
         write_rows(v_cache, layer, block_slots, v)
         q = self.q_norm(q.view(R, n, self.num_heads, self.head_dim))
         q = apply_rope(q, cos, sin)
+        k, v, scale = k_cache[:, layer], v_cache[:, layer], self.head_dim ** -0.5
+        if isinstance(mask, Span):
+            out = block_attention(q, k, v, mask.anchor_pos, mask.window, mask.causal, scale)
+            return self.o_proj(out.view(R, n, self.num_heads * self.head_dim))
         # GQA without copying K/V: the `group` query heads of one kv head become extra rows
         q = q.view(R, n, self.num_kv_heads, group, self.head_dim).permute(0, 2, 3, 1, 4)
         q = q.reshape(R, self.num_kv_heads, group * n, self.head_dim)
-        k, v, scale = k_cache[:, layer], v_cache[:, layer], self.head_dim ** -0.5
-        if isinstance(mask, BlockMask):
-            flex = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()
-            # a program takes BLOCK_M query rows x head_dim fp32 accumulators; Inductor's
-            # default (every query row in one program) spills at head_dim 256
-            rows = 1 << (q.shape[2] - 1).bit_length()
-            block_m = max(16, min(rows, 4096 // self.head_dim))
-            out = flex(q, k, v, block_mask=mask, scale=scale, kernel_options={"BLOCK_M": block_m})
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         out = out.view(R, self.num_kv_heads, group, n, self.head_dim).permute(0, 3, 1, 2, 4)
         return self.o_proj(out.reshape(R, n, self.num_heads * self.head_dim))
 

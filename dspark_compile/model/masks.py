@@ -9,16 +9,27 @@ anchor, not from each row) and the block, causally when the lane says ``sliding_
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Union
 
 import torch
 from torch import Tensor
-from torch.nn.attention.flex_attention import BlockMask
 
 from dspark_compile.config import LaneConfig
+from dspark_compile.kernels import runs_on
 
-FLEX_BLOCK = 128  # keys (and query rows) per block of a FlexAttention block mask
-Mask = Union[Tensor, BlockMask]
+
+@dataclass(frozen=True)
+class Span:
+    """A layer type's mask as :func:`dspark_compile.kernels.attention.block_attention`
+    takes it: the anchor positions, the window (0: none) and whether the block is causal."""
+
+    anchor_pos: Tensor
+    window: int
+    causal: bool
+
+
+Mask = Union[Tensor, Span]
 
 
 def visible(lane: LaneConfig, sliding: bool, start: Tensor, row: Tensor, key: Tensor) -> Tensor:
@@ -33,16 +44,18 @@ def visible(lane: LaneConfig, sliding: bool, start: Tensor, row: Tensor, key: Te
 
 
 def attention_masks(lane: LaneConfig, anchor_pos: Tensor, slots: int) -> dict[str, Mask]:
-    """One mask per layer type the lane uses, over the ``group*rows`` query rows of a kv
-    head (row ``g*rows + i`` is block row i): a FlexAttention block mask with
-    ``flex_attention`` on CUDA, else ``[R, 1, group*rows, slots]`` bool for SDPA."""
+    """One mask per layer type the lane uses: a :class:`Span` where the lane attends with
+    the fused kernel (``fused_attention``, on CUDA), else ``[R, 1, group*rows, slots]``
+    bool for SDPA over the ``group*rows`` query rows of a kv head (row ``g*rows + i`` is
+    block row i)."""
     n = lane.block_rows
     queries = lane.num_heads // lane.num_kv_heads * n
     masks: dict[str, Mask] = {}
     for kind in sorted({lane.layer_type(i) for i in range(lane.num_layers)}):
         sliding = kind == "sliding_attention"
-        if lane.flex_attention and anchor_pos.is_cuda:
-            masks[kind] = flex_block_mask(lane, sliding, anchor_pos, queries, slots)
+        if lane.fused_attention and runs_on(anchor_pos.device):
+            masks[kind] = Span(anchor_pos, lane.sliding_window if sliding else 0,
+                               sliding and lane.sliding_causal)
             continue
         device = anchor_pos.device
         key = torch.arange(slots, device=device)[None, None, :]           # [1, 1, S]
@@ -50,31 +63,3 @@ def attention_masks(lane: LaneConfig, anchor_pos: Tensor, slots: int) -> dict[st
         seen = visible(lane, sliding, anchor_pos[:, None, None], row, key).expand(-1, n, -1)
         masks[kind] = seen.repeat(1, queries // n, 1)[:, None]
     return masks
-
-
-def flex_block_mask(lane: LaneConfig, sliding: bool, anchor_pos: Tensor, queries: int,
-                    slots: int) -> BlockMask:
-    """The key blocks each request can see (context and block, inside its window),
-    every one listed as partial, so the kernel applies :func:`visible` to all of them.
-
-    Listing fully visible blocks apart would let the decoding kernel split the keys
-    by the cache's length, and the result's last bits would then depend on how many
-    empty slots follow the context (the host path's cache is shorter than a runner's).
-    """
-    n, size = lane.block_rows, FLEX_BLOCK
-    device = anchor_pos.device
-    lo = torch.zeros_like(anchor_pos)
-    if sliding:
-        lo = (anchor_pos - lane.sliding_window).clamp(min=0)
-    first = lo // size
-    count = (anchor_pos + n - 1) // size - first + 1   # anchor_pos + n <= slots - 1
-    blocks, query_blocks = -(-slots // size), -(-queries // size)
-    indices = (first[:, None] + torch.arange(blocks, device=device)).clamp(max=blocks - 1)
-    shape = (anchor_pos.shape[0], 1, query_blocks)
-
-    def mask_mod(b: Tensor, h: Tensor, q: Tensor, key: Tensor) -> Tensor:
-        return visible(lane, sliding, anchor_pos[b], q % n, key)
-    return BlockMask.from_kv_blocks(
-        count.to(torch.int32)[:, None, None].expand(shape).contiguous(),
-        indices.to(torch.int32)[:, None, None].expand(*shape, blocks).contiguous(),
-        BLOCK_SIZE=size, mask_mod=mask_mod, seq_lengths=(queries, slots))

@@ -50,15 +50,18 @@ def round_floor(drafter: Drafter, batch: int, context: int, ceilings: Ceilings) 
     params = sum(p.numel() for name, p in drafter.named_parameters()
                  if name not in ("embed_tokens.weight", "markov_head.markov_w1.weight"))
     weight_bytes = (params + (lane.k - 1) * w2) * size
-    kv_bytes = (2 * batch * lane.num_layers * lane.num_kv_heads * (context + lane.block_rows)
-                * lane.head_dim * size)
     new_rows, rows = lane.k + 1, lane.block_rows
+    # the keys each layer sees: a sliding layer's window and the block
+    keys = sum(min(context, lane.sliding_window) + rows
+               if lane.layer_type(i) == "sliding_attention" else context + rows
+               for i in range(lane.num_layers))
+    kv_bytes = 2 * batch * lane.num_kv_heads * keys * lane.head_dim * size
     H, q, kv = lane.hidden_size, lane.num_heads * lane.head_dim, lane.num_kv_heads * lane.head_dim
     append = new_rows * (lane.feature_size * H + lane.num_layers * 2 * H * kv)
     layer = H * q + 2 * H * kv + q * H + 3 * H * lane.intermediate_size
-    attention = 2 * lane.num_heads * rows * (context + rows) * lane.head_dim
+    attention = 2 * lane.num_heads * rows * lane.head_dim  # per key seen
     heads = lane.k * H * lane.draft_vocab_size + lane.k * lane.markov_rank * lane.draft_vocab_size
-    flops = 2 * batch * (append + lane.num_layers * (rows * layer + attention) + heads)
+    flops = 2 * batch * (append + lane.num_layers * rows * layer + keys * attention + heads)
     total_bytes = weight_bytes + kv_bytes + batch * new_rows * lane.feature_size * size
     ms = max(total_bytes / ceilings.bandwidth, flops / ceilings.matmul) * 1e3
     logits_bytes = 2 * batch * lane.k * lane.draft_vocab_size * size

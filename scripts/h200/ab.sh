@@ -4,7 +4,7 @@
 #   bash scripts/h200/ab.sh --prepare main in-graph-checks     # git archive into ab/<ref>
 # Then on the H200 (device tool, carry [".whl", "ab"]), each version in turn, ROUNDS times:
 #   ROUNDS=2 bash scripts/h200/ab.sh lane=qwen36_35b_a3b lane.fused_markov_step=true \
-#     lane.flex_attention=true 'backends=[inductor]' 'buckets=[1]' context=4096 device=cuda
+#     lane.fused_attention=true 'backends=[inductor]' 'buckets=[1]' context=4096 device=cuda
 # Each run writes <ref>_<round>/bench_*.json and a log, packed into $OUT/ab.tar.gz (the
 # device tool brings back at most 8 files); the table rows print as they finish.
 set -uo pipefail

@@ -40,7 +40,7 @@ CE, L1, CONFIDENCE, DECAY = 0.1, 0.9, 1.0, 4.0  # DeepSpec's loss weights and po
 
 def training_lane(lane: LaneConfig) -> LaneConfig:
     """The lane in fp32 with the reference paths: the fast paths are inference kernels."""
-    return lane.replace(dtype="float32", fused_markov_step=False, flex_attention=False)
+    return lane.replace(dtype="float32", fused_markov_step=False, fused_attention=False)
 
 
 def batches(sequences: list[Tensor], prompt_lengths: list[int], batch: int, length: int,

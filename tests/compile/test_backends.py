@@ -48,19 +48,20 @@ def test_artifact_is_token_identical_in_a_fresh_process(built_artifact, fresh_ve
         assert report["near_ties"] > 0
 
 
-FLEX_LANE = dict(flex_attention=True, layer_types=["sliding_attention", "full_attention"],
-                 sliding_window=20)
-ON_CUDA_ONLY = "FlexAttention's kernels are used on CUDA only (CPU lanes keep SDPA)"
+FUSED_ATTENTION_LANE = dict(fused_attention=True,
+                            layer_types=["sliding_attention", "full_attention"],
+                            sliding_window=20)
+ON_CUDA_ONLY = "the attention kernel runs on CUDA (CPU lanes keep SDPA)"
 
 
 @pytest.mark.parametrize("backend", ["eager", "inductor", "aoti"])
-def test_artifacts_of_a_flex_attention_lane_are_token_identical(built_artifact, fresh_verify,
-                                                                device, backend):
-    """The host path calls FlexAttention's own compile of the kernel; inductor and aoti
-    lower it inside their one graph and must pick the same ids."""
+def test_artifacts_of_a_fused_attention_lane_are_token_identical(built_artifact, fresh_verify,
+                                                                 device, backend):
+    """The host path calls the attention kernel eagerly; inductor and aoti keep the same op
+    inside their one graph and must draft the same bits."""
     if device.type != "cuda":
         pytest.skip(ON_CUDA_ONLY)
-    artifact = built_artifact(backend, "tiny_d2t", **FLEX_LANE)
+    artifact = built_artifact(backend, "tiny_d2t", **FUSED_ATTENTION_LANE)
     code, report, stderr = fresh_verify(artifact, "temperature=1.0", "rounds=12")
     assert code == 0, stderr
     assert report["identical"] and report["tokens_compared"] > 0
@@ -68,26 +69,26 @@ def test_artifacts_of_a_flex_attention_lane_are_token_identical(built_artifact, 
 
 def test_an_inductor_runner_leaves_the_process_inductor_config_alone(built_artifact, device):
     """The backend's Inductor options hold for its own compile. Set for the whole process,
-    they changed the bits of what Inductor compiled after it: the host path's
-    FlexAttention, on CUDA."""
+    they would change the bits of what Inductor compiles after it."""
     before = torch._inductor.config.get_config_copy()
     runner = load_runner(built_artifact("inductor", "tiny", buckets=(1, 3)), device)
     runner.draft(next(synthetic_rounds(runner.lane, 1, 20, 1, 0, device)), [runner.admit()])
     assert torch._inductor.config.get_config_copy() == before
 
 
-def test_the_exported_step_calls_flex_attention_in_place_of_sdpa(device, exported_targets):
+def test_the_exported_step_calls_the_attention_kernel_in_place_of_sdpa(device,
+                                                                        exported_targets):
     if device.type != "cuda":
         pytest.skip(ON_CUDA_ONLY)
-    lane = lane_config("tiny_d2t", **FLEX_LANE)
-    targets = [str(t) for t in exported_targets(lane, device)]
-    assert sum("flex_attention" in t for t in targets) == lane.num_layers
-    assert not any("scaled_dot_product" in t for t in targets)
+    lane = lane_config("tiny_d2t", **FUSED_ATTENTION_LANE)
+    targets = exported_targets(lane, device)
+    assert targets.count(torch.ops.dspark.block_attention.default) == lane.num_layers
+    assert not any("scaled_dot_product" in str(t) for t in targets)
 
 
-def test_tensorrt_refuses_a_flex_attention_lane(tmp_path):
-    step = DraftStep(random_drafter(lane_config("tiny", flex_attention=True), "cpu"))
-    with pytest.raises(ConfigError, match="flex_attention=false"):
+def test_tensorrt_refuses_a_fused_attention_lane(tmp_path):
+    step = DraftStep(random_drafter(lane_config("tiny", fused_attention=True), "cpu"))
+    with pytest.raises(ConfigError, match="fused_attention=false"):
         get_backend("tensorrt").compile(step, {}, tmp_path)
 
 

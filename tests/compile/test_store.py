@@ -49,7 +49,7 @@ def test_layout_and_manifest(artifact, tmp_path):
     assert manifest["env"]["torch"] == torch.__version__ and manifest["k"] == 5
     assert set(manifest["files"]) == {ARTIFACT_WEIGHTS}
     # the key records what "auto" chose on the CPU, not "auto"
-    assert (manifest["lane"]["fused_markov_step"], manifest["lane"]["flex_attention"]) == (
+    assert (manifest["lane"]["fused_markov_step"], manifest["lane"]["fused_attention"]) == (
         False, False)
 
 

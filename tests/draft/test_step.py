@@ -65,10 +65,7 @@ def test_masked_attention_variants_match_host_path(both_paths, device, lane_name
 
 @pytest.mark.parametrize("lane_name", ["tiny", "tiny_d2t"])
 def test_draft_step_compiles_without_graph_breaks(both_paths, device, lane_name):
-    # aot_eager runs FlexAttention as its unfused math, which rounds otherwise than the
-    # kernel the host path runs: the compiled backends' flex graphs are checked in
-    # tests/backends
-    drafter = random_drafter(lane_config(lane_name, flex_attention=False), device, seed=1)
+    drafter = random_drafter(lane_config(lane_name), device, seed=1)
     torch._dynamo.reset()
     # fullgraph=True raises on any graph break; aot_eager traces through AOTAutograd
     # (functionalisation of the cache writes included) without Inductor's code generation

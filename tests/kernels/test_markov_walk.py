@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dspark_compile import kernels
 from dspark_compile.kernels import markov
 from dspark_compile.checkpoint import random_drafter
 from dspark_compile.config import lane_config
@@ -100,7 +101,7 @@ print(json.dumps(report))
 """
 
 
-@pytest.mark.skipif(not markov.HAS_TRITON, reason=NO_TRITON)
+@pytest.mark.skipif(not kernels.HAS_TRITON, reason=NO_TRITON)
 def test_the_walk_matches_the_loop_in_the_triton_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     result = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True,
@@ -119,22 +120,6 @@ def test_the_walk_matches_the_loop_in_the_triton_interpreter():
         assert counts["differ"] == 0, report
 
 
-@pytest.mark.skipif(not markov.HAS_TRITON, reason=NO_TRITON)
-def test_the_op_registers_where_the_walk_first_runs_not_at_import():
-    """``triton_op`` imports Inductor and Dynamo: a process that only loads an ``aoti``
-    artifact must not pay for them on ``import dspark_compile``."""
-    script = ("import sys, torch, dspark_compile\n"
-              "from dspark_compile.kernels import markov\n"
-              "assert markov.RUNNABLE\n"
-              "print('torch._inductor' in sys.modules, hasattr(torch.ops.dspark, 'markov_walk'))\n"
-              "markov.register()\n"
-              "print('torch._inductor' in sys.modules, hasattr(torch.ops.dspark, 'markov_walk'))")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            env=dict(os.environ, TRITON_INTERPRET="1"), timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split() == ["False", "False", "True", "True"]
-
-
 # the kernels' pointer arguments as the op passes them for a bf16 lane; the others are
 # 32-bit integers or compile-time constants
 POINTERS = {"w1_ptr": "*bf16", "w2_ptr": "*bf16", "base_ptr": "*bf16", "anchor_ptr": "*i64",
@@ -143,7 +128,7 @@ POINTERS = {"w1_ptr": "*bf16", "w2_ptr": "*bf16", "base_ptr": "*bf16", "anchor_p
             "ids_ptr": "*i64"}
 
 
-@pytest.mark.skipif(not markov.HAS_TRITON, reason=NO_TRITON)
+@pytest.mark.skipif(not kernels.HAS_TRITON, reason=NO_TRITON)
 @pytest.mark.parametrize("rows", [1, 8, 16, 20, 64, 128])
 @pytest.mark.parametrize("lane_name", ["qwen36_27b", "qwen36_35b_a3b"])
 def test_the_kernel_compiles_for_the_h200_without_register_spills(lane_name, rows, tmp_path):
@@ -185,7 +170,7 @@ def test_the_kernel_compiles_for_the_h200_without_register_spills(lane_name, row
     assert " 0 bytes spill stores" in report.stderr, report.stderr
 
 
-if markov.HAS_TRITON:
+if kernels.HAS_TRITON:
     import triton
     import triton.language as tl
 
@@ -198,7 +183,7 @@ if markov.HAS_TRITON:
         tl.store(y_ptr + i, tiles._round_bf16(x), mask=i < N)
 
 
-@pytest.mark.skipif(not markov.HAS_TRITON, reason=NO_TRITON)
+@pytest.mark.skipif(not kernels.HAS_TRITON, reason=NO_TRITON)
 def test_the_kernel_rounds_to_bf16_as_the_eager_path_does(device):
     """fp32 values exactly halfway between two bf16 values (after an even and after an odd
     last bit), one bit either side of halfway, subnormals, and values that round past

@@ -52,6 +52,9 @@ def test_the_fused_mlp_computes_transformers_qwen3_mlp():
 def test_the_context_keys_and_values_are_the_k_and_v_rows_of_the_fused_projection():
     lane = lane_config("tiny")
     attention = Attention(lane).double()
+    gen = torch.Generator().manual_seed(0)
+    for parameter in attention.parameters():  # the norms' weights start uninitialised
+        parameter.data.normal_(generator=gen)
     state = attention.state_dict()
     x = torch.randn(2, 3, lane.hidden_size, dtype=torch.float64)
     positions = torch.zeros(2, 3, lane.head_dim, dtype=torch.float64)

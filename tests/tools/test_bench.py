@@ -26,6 +26,21 @@ def test_floor_at_batch_1_matches_the_design_card(lane_name, gigabytes, ms):
     assert floor.ms == pytest.approx(ms, rel=0.05)
 
 
+def test_the_floor_reads_only_the_keys_a_sliding_layer_sees():
+    """35B-A3B: every layer slides over 2048 positions, so a context of 4096 reads the
+    window's and the block's keys, 2 (K and V) x 2 kv heads x 2057 x 256 x 2 bytes a layer
+    and request, as a context of 2048 does."""
+    lane = lane_config("qwen36_35b_a3b")
+    with torch.device("meta"):
+        drafter = Drafter(lane).to(lane.torch_dtype)
+    ceilings = Ceilings(bandwidth=4.1e12, matmul=790e12)
+    long, short = (round_floor(drafter, 64, context, ceilings) for context in (4096, 2048))
+    assert long.bytes == short.bytes
+    per_layer = 2 * 2 * (2048 + 9) * 256 * 2
+    assert long.bytes - round_floor(drafter, 0, 4096, ceilings).bytes == pytest.approx(
+        64 * (5 * per_layer + 10 * lane.feature_size * 2), rel=1e-9)
+
+
 def test_bench_times_every_path_and_writes_json_and_png(tmp_path, device):
     drafter = random_drafter(lane_config("tiny_d2t"), device, seed=0)
     result = run_bench(drafter, ["eager"], [1, 2], context=32, artifacts_dir=tmp_path / "a",

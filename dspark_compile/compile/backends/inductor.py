@@ -18,9 +18,8 @@ import torch._inductor
 from torch import Tensor
 from torch._inductor.runtime.cache_dir_utils import cache_dir, triton_cache_dir
 
+from dspark_compile import kernels, progress
 from dspark_compile.draft import DraftStep
-from dspark_compile.kernels import markov
-from dspark_compile import progress
 
 PAYLOAD = "inductor_cache.bin"
 KERNELS = "inductor_kernels.tar"
@@ -50,7 +49,7 @@ def compile_options() -> dict:
 
 
 def _compiled(step: DraftStep) -> Callable:
-    markov.register()  # Dynamo traces the walk at the build and again at the load
+    kernels.register()  # Dynamo traces the kernels at the build and again at the load
     return torch.compile(step, options=compile_options(), fullgraph=True, dynamic=False)
 
 

@@ -35,9 +35,9 @@ def _program(out_dir: Path, bucket: int) -> Path:
 
 
 def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
-    if step.drafter.lane.flex_attention:
-        raise ConfigError("backend 'tensorrt' cannot compile FlexAttention: build this lane "
-                          "with lane.flex_attention=false")
+    if step.drafter.lane.fused_attention:
+        raise ConfigError("backend 'tensorrt' cannot compile the fused attention kernel: "
+                          "build this lane with lane.fused_attention=false")
     trt = _torch_tensorrt()
     dtype = step.drafter.lane.torch_dtype
     for bucket, i, n in progress.buckets(examples):

@@ -35,31 +35,13 @@ an element decides a near-tie. The benchmark and dspark-verify report the near-t
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from typing import Optional
 
 import torch
 from torch import Tensor
 
+from dspark_compile.kernels import RUNNABLE, register
 from dspark_compile.kernels.markov import launch  # noqa: F401  (the launch shapes)
-
-HAS_TRITON = importlib.util.find_spec("triton") is not None  # CPU wheels of torch lack it
-# where the kernels can run: on CUDA, or in Triton's interpreter
-RUNNABLE = HAS_TRITON and (torch.cuda.is_available()
-                           or os.environ.get("TRITON_INTERPRET") == "1")
-_registered = False
-
-
-def register() -> None:
-    """Registers ``dspark::markov_walk`` where it can run, once. Not at import:
-    ``triton_op`` imports Inductor and Dynamo (seconds), which a process that only loads an
-    ``aoti`` artifact never needs. What traces the walk (a build, ``inductor``'s load)
-    calls this first; an eager call registers it itself."""
-    global _registered
-    if RUNNABLE and not _registered:
-        from dspark_compile.kernels.markov import op  # noqa: F401  (registers on import)
-        _registered = True
 
 
 def markov_walk(w1: Tensor, w2: Tensor, base: Tensor, anchor: Tensor, temperature: Tensor,
