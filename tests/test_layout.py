@@ -8,7 +8,7 @@ import dspark_compile
 
 PACKAGE = Path(dspark_compile.__file__).parent
 # each stage may import the ones above it in this list, never one below
-STAGES = [{"errors", "rng", "progress"}, {"config"}, {"model"}, {"checkpoint", "kernels"},
+STAGES = [{"errors", "rng", "progress"}, {"config"}, {"kernels"}, {"model"}, {"checkpoint"},
           {"draft"}, {"compile"}, {"runtime"}, {"speculative"}, {"tools"},
           {"cli"}, {"__main__"}]
 
