@@ -22,26 +22,15 @@ import json
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from markov_loop_bench import replay_ms
 from dspark_compile.compile.key import environment
 from dspark_compile.config import LaneConfig, lane_config
 from dspark_compile.kernels import attention
+from dspark_compile.model.backbone import grouped_sdpa
 from dspark_compile.model.masks import Span, attention_masks
 from dspark_compile.tools.bench import significant
 from dspark_compile.tools.roofline import measure_ceilings
-
-
-def sdpa(lane: LaneConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-         mask: torch.Tensor) -> torch.Tensor:
-    """The model's SDPA path (``backbone.Attention``), from q ``[R, n, heads, D]``."""
-    R, n, heads, D = q.shape
-    group = heads // lane.num_kv_heads
-    rows = q.view(R, n, lane.num_kv_heads, group, D).permute(0, 2, 3, 1, 4)
-    out = F.scaled_dot_product_attention(rows.reshape(R, lane.num_kv_heads, group * n, D),
-                                         k, v, attn_mask=mask, scale=D ** -0.5)
-    return out.view(R, lane.num_kv_heads, group, n, D).permute(0, 3, 1, 2, 4).reshape(q.shape)
 
 
 def captured(fn) -> torch.cuda.CUDAGraph:
@@ -80,13 +69,14 @@ def bench_lane(lane: LaneConfig, batch: int, context: int, launches: dict, bandw
     floor_bytes = sum(2 * batch * lane.num_kv_heads * keys_ * D * size + 2 * q.numel() * size
                       for keys_ in keys)
     floor_ms = floor_bytes / bandwidth * 1e3
-    reference = [sdpa(lane, q.float(), k[:, i].float(), v[:, i].float(), dense[kind])
+    scale = D ** -0.5
+    reference = [grouped_sdpa(q.float(), k[:, i].float(), v[:, i].float(), dense[kind], scale)
                  for i, kind in enumerate(kinds)]
     rows = []
 
     def fused_call(i: int, span: Span, r: slice = slice(None)) -> torch.Tensor:
         return attention.block_attention(q[r], k[r, i], v[r, i], span.anchor_pos[r],
-                                         span.window, span.causal, D ** -0.5)
+                                         span.window, span.causal, scale)
 
     default = attention.launch_shape
     for name, launch in launches.items():
@@ -105,7 +95,7 @@ def bench_lane(lane: LaneConfig, batch: int, context: int, launches: dict, bandw
                          launch=name, shape=dataclasses.asdict(shape), ms=significant(ms),
                          floor_ms=significant(floor_ms), over_floor=significant(ms / floor_ms),
                          max_abs_error=error, alone_identical=alone))
-    graph = captured(lambda: [sdpa(lane, q, k[:, i], v[:, i], dense[kind])
+    graph = captured(lambda: [grouped_sdpa(q, k[:, i], v[:, i], dense[kind], scale)
                               for i, kind in enumerate(kinds)])
     ms = replay_ms(graph, replays=20, repeats=7)
     rows.append(dict(lane=lane.name, batch=batch, context=context, path="sdpa", launch="",

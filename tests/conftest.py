@@ -123,6 +123,36 @@ def interpreted():
 
 
 @pytest.fixture
+def ptxas_for_h200(tmp_path):
+    """``ptxas_for_h200(kernel, pointers, aligned, constants, warps, stages)``: the Triton
+    kernel compiled ahead of time for sm_90 with the ptxas Triton ships (no GPU needed),
+    its pointer arguments typed by ``pointers`` (the others 32-bit integers), ``aligned``
+    arguments known to be multiples of 16 (as Triton's launcher specializes them), its
+    constexprs from ``constants``; the finished ptxas ``-v`` run."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    def compile_(kernel, pointers: dict, aligned: list, constants: dict, warps: int,
+                 stages: int) -> subprocess.CompletedProcess:
+        names = kernel.arg_names
+        constexprs = {p.name for p in kernel.params if p.is_constexpr}
+        signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32")
+                     for n in names}
+        source = ASTSource(fn=kernel, signature=signature,
+                           attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned},
+                           constexprs={n: constants[n] for n in constexprs})
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                                  options=dict(num_warps=warps, num_stages=stages))
+        ptx = tmp_path / f"{kernel.__name__}.ptx"
+        ptx.write_text(compiled.asm["ptx"])
+        ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+        return subprocess.run([str(ptxas), "--gpu-name", "sm_90a", "-v", str(ptx), "-o",
+                               str(tmp_path / "kernel.cubin")], capture_output=True, text=True)
+    return compile_
+
+
+@pytest.fixture
 def fresh_verify():
     return run_verify
 

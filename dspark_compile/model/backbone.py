@@ -87,7 +87,6 @@ class Attention(nn.Module):
         layers of one type.
         """
         R, n, _ = x.shape
-        group = self.num_heads // self.num_kv_heads
         q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
         k, v = self._rotated(k, v, cos, sin)
         write_rows(k_cache, layer, block_slots, k)
@@ -97,13 +96,22 @@ class Attention(nn.Module):
         k, v, scale = k_cache[:, layer], v_cache[:, layer], self.head_dim ** -0.5
         if isinstance(mask, Span):
             out = block_attention(q, k, v, mask.anchor_pos, mask.window, mask.causal, scale)
-            return self.o_proj(out.view(R, n, self.num_heads * self.head_dim))
-        # GQA without copying K/V: the `group` query heads of one kv head become extra rows
-        q = q.view(R, n, self.num_kv_heads, group, self.head_dim).permute(0, 2, 3, 1, 4)
-        q = q.reshape(R, self.num_kv_heads, group * n, self.head_dim)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-        out = out.view(R, self.num_kv_heads, group, n, self.head_dim).permute(0, 3, 1, 2, 4)
+        else:
+            out = grouped_sdpa(q, k, v, mask, scale)
         return self.o_proj(out.reshape(R, n, self.num_heads * self.head_dim))
+
+
+def grouped_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """SDPA of the block rows ``q [R, n, heads, D]`` over ``k, v [R, kv_heads, slots, D]``
+    with a ``[R, 1, group*n, slots]`` mask (:func:`masks.attention_masks`); ``[R, n, heads,
+    D]``. GQA without copying K/V: the ``group`` query heads of one kv head become extra
+    rows."""
+    R, n, heads, D = q.shape
+    kv_heads = k.shape[1]
+    group = heads // kv_heads
+    rows = q.view(R, n, kv_heads, group, D).permute(0, 2, 3, 1, 4).reshape(R, kv_heads, -1, D)
+    out = F.scaled_dot_product_attention(rows, k, v, attn_mask=mask, scale=scale)
+    return out.view(R, kv_heads, group, n, D).permute(0, 3, 1, 2, 4).reshape(R, n, heads, D)
 
 
 def write_rows(cache: Tensor, layer: int, slots: Tensor, rows: Tensor) -> None:

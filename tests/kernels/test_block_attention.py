@@ -3,7 +3,6 @@ recomputation written here from the masking rules, in Triton's interpreter on th
 on CUDA."""
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -32,7 +31,8 @@ def recomputed(q, k, v, anchor_pos, window, causal, scale):
             if causal:
                 seen &= (slots < s) | (slots <= s + i)
             for head in range(heads):
-                keys, values = k[r, head // group, seen].double(), v[r, head // group, seen].double()
+                keys = k[r, head // group, seen].double()
+                values = v[r, head // group, seen].double()
                 weights = (keys @ q[r, i, head].double() * scale).softmax(0)
                 out[r, i, head] = weights @ values
     return out
@@ -126,14 +126,10 @@ POINTERS = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "anchor_pos_pt
 
 @pytest.mark.skipif(not kernels.HAS_TRITON, reason=NO_TRITON)
 @pytest.mark.parametrize("lane_name", ["qwen36_27b", "qwen36_35b_a3b"])
-def test_the_kernels_compile_for_the_h200_without_register_spills(lane_name, tmp_path):
+def test_the_kernels_compile_for_the_h200_without_register_spills(lane_name, ptxas_for_h200):
     """Triton compiles ahead of time with the ptxas it ships, no GPU needed: sm_90, a real
     lane's shapes and the launch the op uses for them, with the specialization Triton's
     launcher gives (pointers and the strides of the cache known to be multiples of 16)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from dspark_compile.kernels import attention
     from dspark_compile.kernels.attention import kernels as attention_kernels
 
@@ -151,21 +147,8 @@ def test_the_kernels_compile_for_the_h200_without_register_spills(lane_name, tmp
                      ROWS_PAD=row_blocks * launch.block_m, PRECISION="tf32")
     for kernel, stages in ((attention_kernels._attend_chunk_kernel, launch.stages),
                            (attention_kernels._merge_chunks_kernel, 1)):
-        names = kernel.arg_names
-        constexprs = {p.name for p in kernel.params if p.is_constexpr}
-        signature = {name: "constexpr" if name in constexprs else POINTERS.get(name, "i32")
-                     for name in names}
-        aligned = [name for name in names if name.endswith("_ptr")
+        aligned = [name for name in kernel.arg_names if name.endswith("_ptr")
                    or (name.endswith(("_r", "_h", "_s")) and name[0] in "kv")]
-        source = ASTSource(fn=kernel, signature=signature,
-                           attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned},
-                           constexprs={n: constants[n] for n in constexprs})
-        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                                  options=dict(num_warps=launch.warps, num_stages=stages))
-        ptx = tmp_path / f"{kernel.__name__}.ptx"
-        ptx.write_text(compiled.asm["ptx"])
-        ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-        report = subprocess.run([str(ptxas), "--gpu-name", "sm_90a", "-v", str(ptx), "-o",
-                                 str(tmp_path / "kernel.cubin")], capture_output=True, text=True)
+        report = ptxas_for_h200(kernel, POINTERS, aligned, constants, launch.warps, stages)
         assert report.returncode == 0, report.stderr
         assert " 0 bytes spill stores" in report.stderr, (kernel.__name__, report.stderr)

@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -131,17 +130,13 @@ POINTERS = {"w1_ptr": "*bf16", "w2_ptr": "*bf16", "base_ptr": "*bf16", "anchor_p
 @pytest.mark.skipif(not kernels.HAS_TRITON, reason=NO_TRITON)
 @pytest.mark.parametrize("rows", [1, 8, 16, 20, 64, 128])
 @pytest.mark.parametrize("lane_name", ["qwen36_27b", "qwen36_35b_a3b"])
-def test_the_kernel_compiles_for_the_h200_without_register_spills(lane_name, rows, tmp_path):
+def test_the_kernel_compiles_for_the_h200_without_register_spills(lane_name, rows, ptxas_for_h200):
     """Triton compiles ahead of time with the ptxas it ships, no GPU needed: sm_90 (the
     H200's 132 multiprocessors), a real lane's rank and vocabulary, the kernel and launch
     the op uses for ``rows`` requests there, and the specialization Triton's launcher gives
     it there: pointers and the vocabulary-sized integers known to be multiples of 16
     (without it Triton neither vectorizes nor pipelines the loads, and the kernel is
     another one)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from dspark_compile.kernels.markov import kernels
 
     lane = lane_config(lane_name)
@@ -149,23 +144,11 @@ def test_the_kernel_compiles_for_the_h200_without_register_spills(lane_name, row
     programs, run = markov.launch.grid(launch, -(-lane.draft_vocab_size // launch.block), 132)
     kernel = (kernels._markov_walk_kernel if launch.resident
               else kernels._markov_step_kernel)
-    names = kernel.arg_names
-    constexprs = {p.name for p in kernel.params if p.is_constexpr}
-    signature = {n: "constexpr" if n in constexprs else POINTERS.get(n, "i32") for n in names}
-    aligned = [n for n in names if n.endswith("_ptr")] + ["V", "base_stride"]
+    aligned = [n for n in kernel.arg_names if n.endswith("_ptr")] + ["V", "base_stride"]
     constants = dict(R=rows, K=lane.k, RANK=lane.markov_rank, R_PAD=launch.rows,
                      BLOCK=launch.block, RUN=run, PROGRAMS=programs,
                      PARTS=markov.launch.reduction_chunk(launch, programs), HAS_D2T=True)
-    source = ASTSource(fn=kernel, signature=signature,
-                       attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned},
-                       constexprs={n: constants[n] for n in constexprs})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=launch.warps, num_stages=launch.stages))
-    ptx = tmp_path / "kernel.ptx"
-    ptx.write_text(compiled.asm["ptx"])
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    report = subprocess.run([str(ptxas), "--gpu-name", "sm_90a", "-v", str(ptx), "-o",
-                             str(tmp_path / "kernel.cubin")], capture_output=True, text=True)
+    report = ptxas_for_h200(kernel, POINTERS, aligned, constants, launch.warps, launch.stages)
     assert report.returncode == 0, report.stderr
     assert " 0 bytes spill stores" in report.stderr, report.stderr
 
