@@ -16,6 +16,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
+from dspark_compile.checkpoint.staging import read_to_device
 from dspark_compile.config import LaneConfig
 from dspark_compile.errors import CheckpointError
 from dspark_compile.model import Drafter
@@ -122,7 +123,11 @@ def load_weights(lane: LaneConfig, files: Path | dict[str, Path], device: torch.
             _check_keys(lane, expected, found, ignored)
             state = {name: t.to(device) for name, t in supplied.items() if name in expected}
             for path, names in by_file.items():
-                state.update({n: handles[path].get_tensor(n) for n in names if n in expected})
+                names = [n for n in names if n in expected]
+                if torch.device(device).type == "cuda":
+                    state.update(read_to_device(path, names, torch.device(device)))
+                else:
+                    state.update({n: handles[path].get_tensor(n) for n in names})
     except (OSError, RuntimeError, ValueError, OverflowError, SafetensorError) as err:
         if isinstance(err, CheckpointError):
             raise

@@ -2,11 +2,16 @@
 # On the H200 (device tool, carry [".whl"]): the block's attention kernel on the real lanes,
 # in back-to-back calls on one warm machine (artifacts in /tmp/arts and the background
 # builds outlive a call while the machine stays warm). Writes to $OUT.
-#   bash scripts/h200/attention.sh check        # 35B-A3B builds start; CUDA tests of the
-#                                               # kernel; its micro-benchmark; 27B builds start
+#   bash scripts/h200/attention.sh tests        # both lanes' builds start; CUDA tests of the
+#                                               # kernel, the step and the backends
+#   bash scripts/h200/attention.sh check        # tests, then the kernel's micro-benchmark
+#   bash scripts/h200/attention.sh verify LANE  # dspark-verify of its inductor and aoti
+#                                               # artifacts: prompts of 2049-4096 rows
 #   bash scripts/h200/attention.sh bench LANE   # dspark-bench: eager, inductor, aoti at
 #                                               # buckets 1 8 64, context 4096
-#   bash scripts/h200/attention.sh cold LANE    # scripts/artifact_times.py: aoti, inductor
+#   bash scripts/h200/attention.sh cold LANE    # scripts/artifact_times.py: aoti, inductor,
+#                                               # with torch's bytecode compiled first (the
+#                                               # image ships none; a pip install does)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
@@ -26,26 +31,38 @@ start = time.perf_counter()
 path, built = build_artifact(drafter, sys.argv[2], [1, 8, 64], "/tmp/arts")
 print(path, "built" if built else "found", round(time.perf_counter() - start, 1), "s")
 ' "$1" "$backend" > "/tmp/builds/$1_$backend.log" 2>&1 < /dev/null &
+    echo $! > "/tmp/builds/$1_$backend.pid"
   done
 }
 
 wait_builds() {
-  while pgrep -f "build_artifact" > /dev/null; do sleep 5; done
+  for pid in /tmp/builds/"$1"_*.pid; do
+    while kill -0 "$(cat "$pid")" 2> /dev/null; do sleep 5; done
+  done
   for log in /tmp/builds/"$1"_*.log; do echo "$log: $(tail -n 1 "$log")"; cp "$log" "$OUT/"; done
 }
 
-case ${1:?check, bench LANE or cold LANE} in
-  check)
+artifact() { grep -E '^/tmp/arts/.* (built|found) ' "/tmp/builds/$1_$2.log" | cut -d' ' -f1; }
+
+case ${1:?tests, check, verify LANE, bench LANE or cold LANE} in
+  tests|check)
     build qwen36_35b_a3b
+    build qwen36_27b
     DSPARK_TEST_DEVICE=cuda timeout 330 python3 -m pytest -q -p no:cacheprovider \
       tests/kernels/test_block_attention.py tests/model/test_backbone.py \
       tests/draft/test_step.py tests/compile/test_backends.py -k \
-      "attention or recompute or compiles or host" > "$OUT/tests_cuda.txt" 2>&1
+      "attention or recompute or compiles or host or inductor" > "$OUT/tests_cuda.txt" 2>&1
     echo "pytest on cuda: exit $?"; tail -n 3 "$OUT/tests_cuda.txt"
-    timeout 200 python3 scripts/attention_bench.py --out "$OUT/attention.json" \
-      --launch 128x32x64x8x2 512x32x64x8x2 256x16x64x8x2 128x64x64x4x3 512x64x64x4x3 \
-      256x64x64x8x3
-    build qwen36_27b ;;
+    [ "$1" = check ] && timeout 200 python3 scripts/attention_bench.py \
+      --out "$OUT/attention.json" --launch 128x32x64x8x2 512x32x64x8x2 256x16x64x8x2 \
+      128x64x64x4x3 512x64x64x4x3 256x64x64x8x3 ;;
+  verify)
+    wait_builds "$2"
+    for backend in inductor aoti; do
+      timeout 270 python3 -m dspark_compile verify "artifact=$(artifact "$2" $backend)" \
+        device=cuda context=4096 rounds=4 temperature=1.0 > "$OUT/verify_$2_$backend.json"
+      echo "$backend: exit $? $(cut -c1-300 "$OUT/verify_$2_$backend.json")"
+    done ;;
   bench)
     wait_builds "$2"
     timeout 540 python3 -c 'from dspark_compile.cli import bench_main; bench_main()' \
@@ -53,6 +70,10 @@ case ${1:?check, bench LANE or cold LANE} in
       device=cuda repeats=10 warmup=2 artifacts_dir=/tmp/arts out_dir="$OUT" ;;
   cold)
     wait_builds "$2"
+    export PYTHONPYCACHEPREFIX=/tmp/pycache
+    site=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+    timeout 200 python3 -m compileall -q -j 16 "$site" > /dev/null 2>&1
+    echo "bytecode: $(find /tmp/pycache -name '*.pyc' | wc -l) files"
     timeout 540 python3 scripts/artifact_times.py --lane "$2" --backends aoti inductor \
       --buckets 1 8 64 --device cuda --root /tmp/arts --out "$OUT/cold_$2.json" ;;
 esac

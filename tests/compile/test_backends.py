@@ -143,11 +143,11 @@ def test_backend_on_a_device_it_does_not_run_on_is_refused(tmp_path):
         build_artifact(drafter, "tensorrt", [1], tmp_path)
 
 
-def test_two_inductor_steps_that_differ_in_a_constant_never_share_a_graph():
+def test_a_saved_inductor_step_refuses_a_module_whose_constants_differ(tmp_path):
     """The backend's guard filter drops Dynamo's guards on module tensors, not those on
-    module constants: a step with ``with_probs`` loaded after one without (or another
-    lane's) must get a graph of its own. With every module guard dropped, the second step
-    ran the first one's graph."""
+    module constants: a step saved with ``with_probs`` off, loaded onto a module with it on,
+    must refuse to run rather than run the other step's graph; with the same constant it
+    runs, on the module's own weights."""
     class Step(torch.nn.Module):
         def __init__(self, with_probs: bool):
             super().__init__()
@@ -157,10 +157,19 @@ def test_two_inductor_steps_that_differ_in_a_constant_never_share_a_graph():
             y = self.proj(x)
             return (y, y.softmax(-1)) if self.with_probs else (y,)
 
-    options = get_backend("inductor").compile_options()
-    outputs = [torch.compile(Step(flag), options=options, fullgraph=True)(torch.ones(4))
-               for flag in (False, True)]
-    assert [len(out) for out in outputs] == [1, 2]
+    saved = get_backend("inductor").aot_compiled(Step(False).forward, (torch.ones(4),))
+    saved.save_compiled_function(str(tmp_path / "step.bin"), external_data={"step": Step(False)})
+    for flag in (False, True):
+        step = Step(flag)
+        with open(tmp_path / "step.bin", "rb") as f:
+            loaded = torch.compiler.load_compiled_function(f, external_data={"step": step})
+        if flag:
+            with pytest.raises(RuntimeError, match="with_probs"), torch.no_grad():
+                loaded(step, torch.ones(4))
+        else:
+            with torch.no_grad():
+                (out,) = loaded(step, torch.ones(4))
+            torch.testing.assert_close(out, step.proj(torch.ones(4)), rtol=0, atol=0)
 
 
 LOAD_AND_DRAFT = """

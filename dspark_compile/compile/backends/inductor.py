@@ -1,12 +1,15 @@
-"""``torch.compile`` per bucket, its call recorded by the runtime as one CUDA graph (what
-reduce-overhead does, without that mode's Python work on every call); the compiled graphs
-travel as Inductor's cache artifacts, and beside them the compiled C++ kernels and Triton's compiled
-launchers, so a fresh process skips Inductor's and Triton's code generation and the C and
-C++ compilers (where the build's Inductor cache started empty; kernels found there already
-travel when the graphs load them, the CPU's ISA probes only when compiled)."""
+"""``torch.compile`` per bucket, compiled ahead of time (``aot_compile``): each bucket's
+file holds Dynamo's traced function with its guards and Inductor's compiled graph, so a
+load neither traces nor lowers; the runtime records its call as one CUDA graph (what
+reduce-overhead does, without that mode's Python work on every call). Beside the buckets
+travel the compiled C++ kernels and Triton's compiled launchers, which the graphs name but
+do not hold, so a fresh process runs no C or C++ compiler either (where the build's
+Inductor cache started empty; kernels found there already travel when the graphs load
+them, the CPU's ISA probes only when compiled)."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import tarfile
@@ -21,51 +24,63 @@ from torch._inductor.runtime.cache_dir_utils import cache_dir, triton_cache_dir
 from dspark_compile import kernels, progress
 from dspark_compile.draft import DraftStep
 
-PAYLOAD = "inductor_cache.bin"
 KERNELS = "inductor_kernels.tar"
 TRITON_FOLDER = "triton-cache"  # the tar's folder for Triton's launchers
+STEP = "step"  # the name the saved functions give the live DraftStep they are called on
+
+
+def _bucket_file(out_dir: Path, bucket: int) -> Path:
+    return out_dir / f"inductor_bucket{bucket}.bin"
 
 
 def guards_kept(entries: list) -> list[bool]:
     """Dynamo's guards worth their time on each call: those on the step's inputs (shapes
-    pick the bucket's entry) and on the Python constants of its modules (``with_probs``,
-    the lane's fields: they choose the graph, so two steps in one process never share
-    one). Not those on the modules' tensors, types and dicts: the runtime never replaces
-    them after loading, and Inductor's code checks its inputs' sizes itself."""
-    return [not entry.orig_guard.source.is_unspecialized_nn_module()
-            or entry.guard_type in ("CONSTANT_MATCH", "EQUALS_MATCH", "ID_MATCH")
+    pick the bucket's graph) and on the Python constants of its modules (``with_probs``,
+    the lane's fields: a step of another lane or with ``with_probs`` set is refused, not
+    run on this graph). Not those on the modules' tensors, types and dicts: the runtime
+    never replaces them after loading, and Inductor's code checks its inputs' sizes itself.
+    Nor those a saved function cannot hold (on objects' identities or on globals)."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    unsaved = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+    return [(not entry.orig_guard.source.is_unspecialized_nn_module()
+             or entry.guard_type in ("CONSTANT_MATCH", "EQUALS_MATCH"))
+            and not entry.is_global and entry.guard_type not in unsaved
             for entry in entries]
 
 
 def compile_options() -> dict:
     """emulate_precision_casts: every bf16 intermediate rounds as in eager (else fused
     kernels keep fp32 intermediates and the KV cache drifts from the eager path's bits),
-    set for this compile only (set process-wide it also changed the bits of the host path's
-    FlexAttention compiled after it), and the guard filter :func:`guards_kept`. No
+    set for this compile only (set process-wide it would also change the bits of whatever
+    the process compiles after it), and the guard filter :func:`guards_kept`. No
     ``triton.cudagraphs`` (reduce-overhead): the runtime records the call in a CUDA graph of
-    its own, so a round is one replay, not Dynamo's guards and the CUDA graph tree's
-    bookkeeping in Python first."""
+    its own, so a round is one replay, not the CUDA graph tree's bookkeeping in Python
+    first."""
     return {"emulate_precision_casts": True, "guard_filter_fn": guards_kept}
 
 
-def _compiled(step: DraftStep) -> Callable:
-    kernels.register()  # Dynamo traces the kernels at the build and again at the load
-    return torch.compile(step, options=compile_options(), fullgraph=True, dynamic=False)
+def aot_compiled(forward: Callable, example: tuple[Tensor, ...]) -> Callable:
+    """``forward`` (a module's bound method) traced and compiled for ``example`` with this
+    backend's options: a function to save (``save_compiled_function``), whose loaded copy
+    is called with the module first."""
+    # aot_compile is attached only where enabled (by default from torch 2.13 on)
+    with torch._dynamo.config.patch(enable_aot_compile=True), torch.no_grad():
+        compiled = torch.compile(forward, options=compile_options(), fullgraph=True,
+                                 dynamic=False)
+        return compiled.aot_compile((example, {}))
 
 
 def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
     cache = inductor_cache()
     before = set(cache.rglob("*.so"))
-    compiled = _compiled(step)
-    with torch.no_grad():
-        for bucket, i, n in progress.buckets(examples):
-            progress.phase(f"tracing, lowering and compiling bucket {bucket} ({i}/{n})")
-            compiled(*examples[bucket])
-    progress.phase("saving Inductor's cache artifacts and compiled kernels")
-    saved = torch.compiler.save_cache_artifacts()
-    if saved is None:
-        raise RuntimeError("Inductor produced no cache artifacts to save")
-    (out_dir / PAYLOAD).write_bytes(saved[0])
+    kernels.register()
+    for bucket, i, n in progress.buckets(examples):
+        progress.phase(f"tracing, lowering and compiling bucket {bucket} ({i}/{n})")
+        saved = aot_compiled(step.forward, examples[bucket])
+        saved.save_compiled_function(str(_bucket_file(out_dir, bucket)),
+                                     external_data={STEP: step})
+    progress.phase("bundling the compiled kernels")
     with tarfile.open(out_dir / KERNELS, "w") as tar:
         for name, path in sorted(bundled_files(before).items()):
             tar.add(path, arcname=name)
@@ -142,7 +157,11 @@ def unpack_kernels(tar_path: Path, device: torch.device) -> None:
 
 
 def load(out_dir: Path, step: DraftStep, buckets: list[int]) -> dict[int, Callable]:
-    torch.compiler.load_cache_artifacts((out_dir / PAYLOAD).read_bytes())
     unpack_kernels(out_dir / KERNELS, next(step.parameters()).device)
-    compiled = _compiled(step)  # recompiles per bucket shape, each from the cache
-    return {bucket: compiled for bucket in buckets}
+    kernels.register()  # the ops exist before the graphs that call them load
+    steps = {}
+    for bucket in buckets:
+        with open(_bucket_file(out_dir, bucket), "rb") as f:
+            saved = torch.compiler.load_compiled_function(f, external_data={STEP: step})
+        steps[bucket] = functools.partial(saved, step)  # saved from the unbound forward
+    return steps
