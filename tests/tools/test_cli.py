@@ -27,7 +27,7 @@ def test_main_command_default_builds_verifies_and_prints_the_path_last(tmp_path)
     assert [p.split("] ", 1)[1] for p in phases] == [
         "writing the weights", "tracing, lowering and compiling bucket 1 (1/2)",
         "tracing, lowering and compiling bucket 4 (2/2)",
-        "saving Inductor's cache artifacts and compiled kernels",
+        "bundling the compiled kernels",
         "hashing the files"]
     assert any('"identical": true' in line for line in lines)  # the fresh-process verify
     artifact = Path(lines[-1])
