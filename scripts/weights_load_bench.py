@@ -21,7 +21,8 @@ from dspark_compile.checkpoint import random_drafter
 from dspark_compile.compile.store import save_weights
 from dspark_compile.config import lane_config
 from pathlib import Path
-save_weights(random_drafter(lane_config(sys.argv[1]), "cuda", seed=0).state_dict(), Path(sys.argv[2]))
+drafter = random_drafter(lane_config(sys.argv[1]), "cuda", seed=0)
+save_weights(drafter.state_dict(), Path(sys.argv[2]))
 """
 
 TIME = """

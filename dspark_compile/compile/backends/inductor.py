@@ -89,8 +89,8 @@ def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: P
 def bundled_files(before: set[Path]) -> dict[str, Path]:
     """The files a load would otherwise compile again, by their names in the tar: the C++
     kernels of Inductor's cache that this process mapped or compiled since ``before`` was
-    listed (the cache artifacts carry their source only; the CPU's ISA probes among them),
-    not its ``triton`` folder (Triton's binaries are in the artifacts); and the launchers
+    listed (the saved functions carry their source only; the CPU's ISA probes among them),
+    not its ``triton`` folder (Triton's binaries travel in the saved functions); and the launchers
     Triton compiled with the C compiler and this process mapped, from Triton's cache as it
     is now (Inductor points it into its own where unset) or its default."""
     inductor = inductor_cache()
