@@ -74,7 +74,6 @@ def aot_compiled(forward: Callable, example: tuple[Tensor, ...]) -> Callable:
 def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
     cache = inductor_cache()
     before = set(cache.rglob("*.so"))
-    kernels.register()
     for bucket, i, n in progress.buckets(examples):
         progress.phase(f"tracing, lowering and compiling bucket {bucket} ({i}/{n})")
         saved = aot_compiled(step.forward, examples[bucket])
