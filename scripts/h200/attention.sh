@@ -5,6 +5,7 @@
 #   bash scripts/h200/attention.sh tests        # both lanes' builds start; CUDA tests of the
 #                                               # kernel, the step and the backends
 #   bash scripts/h200/attention.sh check        # tests, then the kernel's micro-benchmark
+#   bash scripts/h200/attention.sh build LANE   # its inductor and aoti builds start
 #   bash scripts/h200/attention.sh verify LANE  # dspark-verify of its inductor and aoti
 #                                               # artifacts: prompts of 2049-4096 rows
 #   bash scripts/h200/attention.sh bench LANE   # dspark-bench: eager, inductor, aoti at
@@ -44,14 +45,17 @@ wait_builds() {
 
 artifact() { grep -E '^/tmp/arts/.* (built|found) ' "/tmp/builds/$1_$2.log" | cut -d' ' -f1; }
 
-case ${1:?tests, check, verify LANE, bench LANE or cold LANE} in
+case ${1:?tests, check, build LANE, verify LANE, bench LANE or cold LANE} in
+  build) build "$2" ;;
   tests|check)
     build qwen36_35b_a3b
     build qwen36_27b
-    DSPARK_TEST_DEVICE=cuda timeout 330 python3 -m pytest -q -p no:cacheprovider \
+    DSPARK_TEST_DEVICE=cuda timeout 480 python3 -m pytest -q -p no:cacheprovider \
       tests/kernels/test_block_attention.py tests/model/test_backbone.py \
-      tests/draft/test_step.py tests/compile/test_backends.py -k \
-      "attention or recompute or compiles or host or inductor" > "$OUT/tests_cuda.txt" 2>&1
+      tests/draft/test_step.py tests/compile/test_backends.py tests/compile/test_inductor.py \
+      tests/checkpoint/test_staging.py \
+      -k "attention or recompute or compiles or host or inductor or staged or shorter" \
+      > "$OUT/tests_cuda.txt" 2>&1
     echo "pytest on cuda: exit $?"; tail -n 3 "$OUT/tests_cuda.txt"
     [ "$1" = check ] && timeout 200 python3 scripts/attention_bench.py \
       --out "$OUT/attention.json" --launch 128x32x64x8x2 512x32x64x8x2 256x16x64x8x2 \

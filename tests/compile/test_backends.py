@@ -4,7 +4,7 @@ import importlib.util
 
 import onnx
 import pytest
-import torch._inductor.config
+import torch
 
 from dspark_compile.compile import build_artifact
 from dspark_compile.compile.backends import REGISTRY, get_backend
@@ -12,8 +12,6 @@ from dspark_compile.checkpoint import random_drafter
 from dspark_compile.config import CONF_DIR, lane_config
 from dspark_compile.draft import DraftStep
 from dspark_compile.errors import ConfigError, MissingBackendError
-from dspark_compile.tools.rounds import synthetic_rounds
-from dspark_compile.runtime import load_runner
 
 CPU_BACKENDS = ["eager", "inductor", "aoti", "onnx"]
 HAS_TENSORRT = importlib.util.find_spec("torch_tensorrt") is not None
@@ -66,15 +64,6 @@ def test_artifacts_of_a_fused_attention_lane_are_token_identical(built_artifact,
     code, report, stderr = fresh_verify(artifact, "temperature=1.0", "rounds=12")
     assert code == 0, stderr
     assert report["identical"] and report["tokens_compared"] > 0
-
-
-def test_an_inductor_runner_leaves_the_process_inductor_config_alone(built_artifact, device):
-    """The backend's Inductor options hold for its own compile. Set for the whole process,
-    they would change the bits of what Inductor compiles after it."""
-    before = torch._inductor.config.get_config_copy()
-    runner = load_runner(built_artifact("inductor", "tiny", buckets=(1, 3)), device)
-    runner.draft(next(synthetic_rounds(runner.lane, 1, 20, 1, 0, device)), [runner.admit()])
-    assert torch._inductor.config.get_config_copy() == before
 
 
 def test_the_exported_step_calls_the_attention_kernel_in_place_of_sdpa(device,
@@ -142,111 +131,3 @@ def test_backend_on_a_device_it_does_not_run_on_is_refused(tmp_path):
     drafter = random_drafter(lane_config("tiny"), "cpu")
     with pytest.raises(ConfigError, match="runs on cuda"):
         build_artifact(drafter, "tensorrt", [1], tmp_path)
-
-
-def test_a_saved_inductor_step_refuses_a_module_whose_constants_differ(tmp_path):
-    """The backend's guard filter drops Dynamo's guards on module tensors, not those on
-    module constants: a step saved with ``with_probs`` off, loaded onto a module with it on,
-    must refuse to run rather than run the other step's graph; with the same constant it
-    runs, on the module's own weights."""
-    class Step(torch.nn.Module):
-        def __init__(self, with_probs: bool):
-            super().__init__()
-            self.proj, self.with_probs = torch.nn.Linear(4, 4), with_probs
-
-        def forward(self, x):
-            y = self.proj(x)
-            return (y, y.softmax(-1)) if self.with_probs else (y,)
-
-    saved = get_backend("inductor").aot_compiled(Step(False).forward, (torch.ones(4),))
-    saved.save_compiled_function(str(tmp_path / "step.bin"), external_data={"step": Step(False)})
-    for flag in (False, True):
-        step = Step(flag)
-        with open(tmp_path / "step.bin", "rb") as f:
-            loaded = torch.compiler.load_compiled_function(f, external_data={"step": step})
-        if flag:
-            with pytest.raises(RuntimeError, match="with_probs"), torch.no_grad():
-                loaded(step, torch.ones(4))
-        else:
-            with torch.no_grad():
-                (out,) = loaded(step, torch.ones(4))
-            torch.testing.assert_close(out, step.proj(torch.ones(4)), rtol=0, atol=0)
-
-
-LOAD_AND_DRAFT = """
-import sys
-from dspark_compile.compile.backends.inductor import (TRITON_FOLDER, inductor_cache,
-                                                      mapped_libraries, triton_caches)
-from dspark_compile.runtime import load_runner
-from dspark_compile.tools.rounds import synthetic_rounds
-runner = load_runner(sys.argv[1], sys.argv[2])
-runner.draft(next(synthetic_rounds(runner.lane, 1, 24, 1, 0, sys.argv[2])), [runner.admit()])
-cache = inductor_cache()
-for path in sorted(mapped_libraries()):
-    for root in triton_caches():
-        if path.is_relative_to(root):
-            print(TRITON_FOLDER + "/" + path.relative_to(root).as_posix())
-    if path.is_relative_to(cache) and path.relative_to(cache).parts[0] != "triton":
-        print(path.relative_to(cache).as_posix())
-"""
-
-
-def test_an_inductor_artifact_loads_with_every_kernel_from_its_bundle(built_artifact, device,
-                                                                      tmp_path):
-    """A fresh process with empty Inductor and Triton caches runs the step on kernels and
-    Triton launchers from the artifact's bundle only: one compiled again would be one the
-    bundle lacks."""
-    import os
-    import subprocess
-    import sys
-    import tarfile
-
-    from dspark_compile.compile.backends.inductor import KERNELS
-
-    artifact = built_artifact("inductor", "tiny", buckets=(1, 3))
-    with tarfile.open(artifact / KERNELS) as tar:
-        bundled = {member.name for member in tar.getmembers()}
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor-cache"),
-               TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
-    result = subprocess.run([sys.executable, "-c", LOAD_AND_DRAFT, str(artifact), device.type],
-                            capture_output=True, text=True, timeout=600, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    loaded = set(result.stdout.split())
-    if device.type == "cpu":
-        assert loaded  # Inductor's CPU kernels are C++ libraries
-    else:
-        assert any(name.startswith("triton-cache/") for name in loaded)  # its launchers
-    assert loaded <= bundled
-
-
-def test_bundled_launchers_unpack_where_inductor_points_triton(tmp_path, monkeypatch):
-    """A ``triton-cache/`` member lands where Inductor's own ``triton_cache_dir`` says
-    Triton looks for the device's files, Inductor's kernels in Inductor's cache, and a
-    member that climbs out of them is refused."""
-    import io
-    import tarfile
-    from pathlib import Path
-
-    from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
-
-    from dspark_compile.compile.backends.inductor import unpack_kernels
-
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
-
-    def tar_of(*names: str):
-        path = tmp_path / f"{len(list(tmp_path.iterdir()))}.tar"
-        with tarfile.open(path, "w") as tar:
-            for name in names:
-                info = tarfile.TarInfo(name)
-                info.size = len(name)
-                tar.addfile(info, io.BytesIO(name.encode()))
-        return path
-
-    unpack_kernels(tar_of("triton-cache/KEY/launcher.so", "ab/kernel.so"),
-                   torch.device("cuda", 1))
-    launcher = Path(triton_cache_dir(1)) / "KEY" / "launcher.so"
-    assert launcher.read_text() == "triton-cache/KEY/launcher.so"
-    assert (tmp_path / "inductor" / "ab" / "kernel.so").read_text() == "ab/kernel.so"
-    with pytest.raises(RuntimeError, match="unexpected member"):
-        unpack_kernels(tar_of("triton-cache/../../evil.so"), torch.device("cuda", 0))

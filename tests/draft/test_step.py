@@ -127,6 +127,21 @@ class TestBadInputs:
         assert message in str(info.value)
         assert info.value.field == field
 
+    @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+    def test_a_valid_feature_row_holding_nan_or_inf_is_refused(self, value):
+        features = self.inputs.features.clone()
+        features[1, int(self.inputs.num_new[1]) - 1, 5] = value
+        with pytest.raises(InputError, match="^features: NaN or Inf"):
+            self.call(features=features)
+
+    def test_feature_rows_of_the_largest_finite_values_are_taken(self):
+        """Finite is each value, not the row's sum: bf16's largest values overflow any sum."""
+        big = torch.finfo(torch.bfloat16).max
+        features = torch.full_like(self.inputs.features, big)
+        features[0, :, ::2] = -big
+        assert torch.isfinite(features).all()
+        self.call(features=features)
+
     def test_an_anchor_pos_that_wraps_below_num_new_is_refused(self):
         """-2^63 - 1 wraps to 2^63 - 1 in int64: the difference alone would pass."""
         with pytest.raises(InputError, match="^anchor_pos"):

@@ -5,7 +5,8 @@ reduce-overhead does, without that mode's Python work on every call). Beside the
 travel the compiled C++ kernels and Triton's compiled launchers, which the graphs name but
 do not hold, so a fresh process runs no C or C++ compiler either (where the build's
 Inductor cache started empty; kernels found there already travel when the graphs load
-them, the CPU's ISA probes only when compiled)."""
+them, the CPU's ISA probes only when compiled), and Triton's autotuning choices, so a
+fresh process on the same GPU times no kernel's candidate configs again."""
 
 from __future__ import annotations
 
@@ -79,22 +80,31 @@ def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: P
         saved = aot_compiled(step.forward, examples[bucket])
         saved.save_compiled_function(str(_bucket_file(out_dir, bucket)),
                                      external_data={STEP: step})
+        with torch.no_grad():  # Triton times each kernel's candidate configs at its first call
+            saved(step, *examples[bucket])
     progress.phase("bundling the compiled kernels")
-    with tarfile.open(out_dir / KERNELS, "w") as tar:
-        for name, path in sorted(bundled_files(before).items()):
+    write_bundle(out_dir / KERNELS, bundled_files(before))
+
+
+def write_bundle(tar_path: Path, files: dict[str, Path]) -> None:
+    """``files`` (by their names in the tar) into the tar that :func:`unpack_kernels` reads."""
+    with tarfile.open(tar_path, "w") as tar:
+        for name, path in sorted(files.items()):
             tar.add(path, arcname=name)
 
 
 def bundled_files(before: set[Path]) -> dict[str, Path]:
-    """The files a load would otherwise compile again, by their names in the tar: the C++
-    kernels of Inductor's cache that this process mapped or compiled since ``before`` was
-    listed (the saved functions carry their source only; the CPU's ISA probes among them),
-    not its ``triton`` folder (Triton's binaries travel in the saved functions); and the launchers
-    Triton compiled with the C compiler and this process mapped, from Triton's cache as it
-    is now (Inductor points it into its own where unset) or its default."""
+    """The files a load would otherwise compile or time again, by their names in the tar:
+    the C++ kernels of Inductor's cache that this process mapped or compiled since
+    ``before`` was listed (the saved functions carry their source only; the CPU's ISA
+    probes among them), not its ``triton`` folder (Triton's binaries travel in the saved
+    functions); each Triton kernel's autotuning choice in Inductor's cache; and the
+    launchers Triton compiled with the C compiler and this process mapped, from Triton's
+    cache as it is now (Inductor points it into its own where unset) or its default."""
     inductor = inductor_cache()
     mapped = mapped_libraries()
-    files = {}
+    files = {path.relative_to(inductor).as_posix(): path for path in autotune_choices()
+             if path.is_relative_to(inductor)}
     for path in mapped | (set(inductor.rglob("*.so")) - before):
         if path.is_relative_to(inductor) and path.is_file():
             relative = path.relative_to(inductor)
@@ -105,6 +115,25 @@ def bundled_files(before: set[Path]) -> dict[str, Path]:
             if path.is_relative_to(root) and path.is_file():
                 files[f"{TRITON_FOLDER}/{path.relative_to(root).as_posix()}"] = path
     return files
+
+
+def autotune_choices() -> set[Path]:
+    """The autotuning choices of the Triton kernels this process's graphs hold: each
+    kernel's ``.best_config`` file, beside its source in Inductor's cache and named by the
+    source's hash, written when the kernel's first call here timed its candidate configs or
+    found already (read then in Inductor's compile workers, which tell this process
+    nothing). Kernels of one config have none."""
+    from torch._inductor.codecache import PyCodeCache
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    sources = {kernel.filename for module in PyCodeCache.modules
+               for kernel in vars(module).values()
+               if isinstance(kernel, CachingAutotuner) and kernel.filename}
+    places = (AutotuneCache.create({}, source, "") for source in sources)
+    paths = {Path(place.local_cache[1]).resolve() for place in places
+             if place and place.local_cache}
+    return {path for path in paths if path.is_file()}
 
 
 def inductor_cache() -> Path:

@@ -1,0 +1,179 @@
+"""The inductor backend's own parts: its guard filter, its process-wide config left alone,
+and its bundle (the kernels, launchers and autotuning choices a fresh process would
+otherwise compile or time again)."""
+
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+import torch._inductor.config
+
+from dspark_compile.compile.backends import get_backend
+from dspark_compile.compile.backends.inductor import (KERNELS, autotune_choices,
+                                                      bundled_files, unpack_kernels,
+                                                      write_bundle)
+from dspark_compile.runtime import load_runner
+from dspark_compile.tools.rounds import synthetic_rounds
+
+
+def test_an_inductor_runner_leaves_the_process_inductor_config_alone(built_artifact, device):
+    """The backend's Inductor options hold for its own compile. Set for the whole process,
+    they would change the bits of what Inductor compiles after it."""
+    before = torch._inductor.config.get_config_copy()
+    runner = load_runner(built_artifact("inductor", "tiny", buckets=(1, 3)), device)
+    runner.draft(next(synthetic_rounds(runner.lane, 1, 20, 1, 0, device)), [runner.admit()])
+    assert torch._inductor.config.get_config_copy() == before
+
+
+def test_a_saved_inductor_step_refuses_a_module_whose_constants_differ(tmp_path):
+    """The backend's guard filter drops Dynamo's guards on module tensors, not those on
+    module constants: a step saved with ``with_probs`` off, loaded onto a module with it on,
+    must refuse to run rather than run the other step's graph; with the same constant it
+    runs, on the module's own weights."""
+    class Step(torch.nn.Module):
+        def __init__(self, with_probs: bool):
+            super().__init__()
+            self.proj, self.with_probs = torch.nn.Linear(4, 4), with_probs
+
+        def forward(self, x):
+            y = self.proj(x)
+            return (y, y.softmax(-1)) if self.with_probs else (y,)
+
+    saved = get_backend("inductor").aot_compiled(Step(False).forward, (torch.ones(4),))
+    saved.save_compiled_function(str(tmp_path / "step.bin"), external_data={"step": Step(False)})
+    for flag in (False, True):
+        step = Step(flag)
+        with open(tmp_path / "step.bin", "rb") as f:
+            loaded = torch.compiler.load_compiled_function(f, external_data={"step": step})
+        if flag:
+            with pytest.raises(RuntimeError, match="with_probs"), torch.no_grad():
+                loaded(step, torch.ones(4))
+        else:
+            with torch.no_grad():
+                (out,) = loaded(step, torch.ones(4))
+            torch.testing.assert_close(out, step.proj(torch.ones(4)), rtol=0, atol=0)
+
+
+LOAD_AND_DRAFT = """
+import sys
+from dspark_compile.compile.backends.inductor import (TRITON_FOLDER, inductor_cache,
+                                                      mapped_libraries, triton_caches)
+from dspark_compile.runtime import load_runner
+from dspark_compile.tools.rounds import synthetic_rounds
+runner = load_runner(sys.argv[1], sys.argv[2])
+runner.draft(next(synthetic_rounds(runner.lane, 1, 24, 1, 0, sys.argv[2])), [runner.admit()])
+cache = inductor_cache()
+for path in sorted(mapped_libraries()):
+    for root in triton_caches():
+        if path.is_relative_to(root):
+            print(TRITON_FOLDER + "/" + path.relative_to(root).as_posix())
+    if path.is_relative_to(cache) and path.relative_to(cache).parts[0] != "triton":
+        print(path.relative_to(cache).as_posix())
+from torch._dynamo.utils import compilation_time_metrics  # what Inductor timed in this process
+print(len(compilation_time_metrics.get("CachingAutotuner.benchmark_all_configs", [])))
+"""
+
+
+def test_an_inductor_artifact_loads_with_every_kernel_from_its_bundle(built_artifact, device,
+                                                                      tmp_path):
+    """A fresh process with empty Inductor and Triton caches runs the step on kernels and
+    Triton launchers from the artifact's bundle only: one compiled again would be one the
+    bundle lacks. On a GPU the build's autotuning choices travel too: the load times no
+    kernel's candidate configs."""
+    artifact = built_artifact("inductor", "tiny", buckets=(1, 3))
+    with tarfile.open(artifact / KERNELS) as tar:
+        bundled = {member.name for member in tar.getmembers()}
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor-cache"),
+               TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    result = subprocess.run([sys.executable, "-c", LOAD_AND_DRAFT, str(artifact), device.type],
+                            capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    *names, autotuned = result.stdout.split()
+    loaded = set(names)
+    if device.type == "cpu":
+        assert loaded  # Inductor's CPU kernels are C++ libraries
+    else:
+        assert any(name.startswith("triton-cache/") for name in loaded)  # its launchers
+        assert any(name.endswith(".best_config") for name in bundled)  # the build autotuned
+        assert autotuned == "0"
+    assert loaded <= bundled
+
+
+def test_bundled_launchers_unpack_where_inductor_points_triton(tmp_path, monkeypatch):
+    """A ``triton-cache/`` member lands where Inductor's own ``triton_cache_dir`` says
+    Triton looks for the device's files, Inductor's kernels in Inductor's cache, and a
+    member that climbs out of them is refused."""
+    import io
+
+    from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+
+    def tar_of(*names: str):
+        path = tmp_path / f"{len(list(tmp_path.iterdir()))}.tar"
+        with tarfile.open(path, "w") as tar:
+            for name in names:
+                info = tarfile.TarInfo(name)
+                info.size = len(name)
+                tar.addfile(info, io.BytesIO(name.encode()))
+        return path
+
+    unpack_kernels(tar_of("triton-cache/KEY/launcher.so", "ab/kernel.so"),
+                   torch.device("cuda", 1))
+    launcher = Path(triton_cache_dir(1)) / "KEY" / "launcher.so"
+    assert launcher.read_text() == "triton-cache/KEY/launcher.so"
+    assert (tmp_path / "inductor" / "ab" / "kernel.so").read_text() == "ab/kernel.so"
+    with pytest.raises(RuntimeError, match="unexpected member"):
+        unpack_kernels(tar_of("triton-cache/../../evil.so"), torch.device("cuda", 0))
+
+
+# A kernel as Inductor writes one: its candidate configs from the heuristics' decorator,
+# its file in Inductor's cache named by the hash of its source.
+KERNEL_SOURCE = """
+import torch
+import triton
+import triton.language as tl
+from torch._inductor.runtime import triton_heuristics
+from torch._inductor.runtime.hints import DeviceProperties
+
+@triton_heuristics.pointwise(
+    size_hints={"x": 4096}, filename=__file__, min_elem_per_thread=0,
+    triton_meta={"signature": {"x": "*fp32", "xnumel": "i32", "XBLOCK": "constexpr"},
+                 "device": DeviceProperties.create(torch.device("cpu")), "constants": {},
+                 "configs": []},
+    inductor_meta={"kernel_name": "kernel"})
+@triton.jit
+def kernel(x, xnumel, XBLOCK: tl.constexpr):
+    pass
+"""
+
+
+def test_an_autotuning_choice_travels_in_the_bundle_and_inductor_takes_it(tmp_path,
+                                                                        monkeypatch):
+    """A kernel's choice, written by Inductor's own autotune cache, is bundled and unpacked
+    into an empty cache, where the same kernel loaded again holds that one config: nothing
+    left to time."""
+    pytest.importorskip("triton", reason="Triton autotunes Inductor's GPU kernels only")
+    from torch._inductor.codecache import PyCodeCache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "build"))
+    built = PyCodeCache.load(KERNEL_SOURCE).kernel
+    assert len(built.configs) > 1
+    assert not autotune_choices()  # none timed yet
+    built.save_cache_hook(built.configs[-1], 0)  # what Triton's first call stores
+    files = bundled_files(set())
+    assert [name for name in files if name.endswith(".best_config")] == [
+        Path(built.filename).parent.name + "/" + path.name for path in autotune_choices()]
+    write_bundle(tmp_path / KERNELS, files)
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "load"))
+    unpack_kernels(tmp_path / KERNELS, torch.device("cpu"))
+    loaded = PyCodeCache.load(KERNEL_SOURCE).kernel
+    assert Path(loaded.filename).is_relative_to(tmp_path / "load")
+    assert loaded.autotune_cache_info["autotune_cache_state"] == "hit"
+    assert [c.kwargs for c in loaded.configs] == [built.configs[-1].kwargs]
