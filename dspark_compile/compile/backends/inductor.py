@@ -118,11 +118,12 @@ def bundled_files(before: set[Path]) -> dict[str, Path]:
 
 
 def autotune_choices() -> set[Path]:
-    """The autotuning choices of the Triton kernels this process's graphs hold: each
-    kernel's ``.best_config`` file, beside its source in Inductor's cache and named by the
-    source's hash, written when the kernel's first call here timed its candidate configs or
-    found already (read then in Inductor's compile workers, which tell this process
-    nothing). Kernels of one config have none."""
+    """Each Triton kernel's autotuning choice, for the kernels this process's graphs hold:
+    the ``.best_config`` file Inductor keeps beside the kernel's source (both named by the
+    source's hash), written at the kernel's first call here, which timed its candidate
+    configs, or found there already. Taken from the kernels, not from what Inductor
+    records: a choice found in the cache is read in Inductor's compile workers, which record
+    it in their own process. Kernels of one config have none."""
     from torch._inductor.codecache import PyCodeCache
     from torch._inductor.runtime.autotune_cache import AutotuneCache
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
