@@ -24,7 +24,7 @@ def test_an_inductor_runner_leaves_the_process_inductor_config_alone(built_artif
     """The backend's Inductor options hold for its own compile. Set for the whole process,
     they would change the bits of what Inductor compiles after it."""
     before = torch._inductor.config.get_config_copy()
-    runner = load_runner(built_artifact("inductor", "tiny", buckets=(1, 3)), device)
+    runner = load_runner(built_artifact("inductor", "tiny_d2t", buckets=(1, 3)), device)
     runner.draft(next(synthetic_rounds(runner.lane, 1, 20, 1, 0, device)), [runner.admit()])
     assert torch._inductor.config.get_config_copy() == before
 
@@ -84,7 +84,7 @@ def test_an_inductor_artifact_loads_with_every_kernel_from_its_bundle(built_arti
     Triton launchers from the artifact's bundle only: one compiled again would be one the
     bundle lacks. On a GPU the build's autotuning choices travel too: the load times no
     kernel's candidate configs."""
-    artifact = built_artifact("inductor", "tiny", buckets=(1, 3))
+    artifact = built_artifact("inductor", "tiny_d2t", buckets=(1, 3))
     with tarfile.open(artifact / KERNELS) as tar:
         bundled = {member.name for member in tar.getmembers()}
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor-cache"),

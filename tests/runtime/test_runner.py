@@ -262,7 +262,7 @@ def test_a_round_without_temperature_and_seed_drafts_greedily_after_a_sampled_on
 def test_an_inductor_runner_reaches_each_bucket_by_its_shapes(built_artifact, device):
     """Each bucket is a saved function of its own, guarded on its inputs' shapes: after
     both are warm, rounds go to one, then the other, then back."""
-    runner = load_runner(built_artifact("inductor", "tiny", buckets=(1, 3)), device)
+    runner = load_runner(built_artifact("inductor", "tiny_d2t", buckets=(1, 3)), device)
     host = HostPath(runner.drafter)
     for phase, batch in enumerate([1, 3, 1]):
         slots = [runner.admit() for _ in range(batch)]
