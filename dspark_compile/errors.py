@@ -25,9 +25,12 @@ class ArtifactError(DSparkError, RuntimeError):
     """An artifact that is missing, partial, corrupted, or from another environment."""
 
 
+class ChecksumError(DSparkError, ValueError):
+    """Bytes that do not match the sha256 recorded for them."""
+
+
 class MissingBackendError(DSparkError, ImportError):
     """A backend whose package is not installed; the message gives the install command."""
-
 
 
 class RunnerBusyError(DSparkError, RuntimeError):

@@ -16,7 +16,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
-from dspark_compile.checkpoint.staging import read_to_device
+from dspark_compile.checkpoint.staging import read_tensors
 from dspark_compile.config import LaneConfig
 from dspark_compile.errors import CheckpointError
 from dspark_compile.model import Drafter
@@ -125,7 +125,7 @@ def load_weights(lane: LaneConfig, files: Path | dict[str, Path], device: torch.
             for path, names in by_file.items():
                 names = [n for n in names if n in expected]
                 if torch.device(device).type == "cuda":
-                    state.update(read_to_device(path, names, torch.device(device)))
+                    state.update(read_tensors(path, torch.device(device), names))
                 else:
                     state.update({n: handles[path].get_tensor(n) for n in names})
     except (OSError, RuntimeError, ValueError, OverflowError, SafetensorError) as err:

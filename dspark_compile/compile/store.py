@@ -3,7 +3,8 @@
 become visible by one atomic rename, concurrent builders of a key wait on a file lock, and
 a read checks the manifest, the environment and every file's sha256 before use: a file
 past ``CHUNK_BYTES`` has a sha256 for each chunk as well, so that a read checks its chunks
-in parallel (threads; hashlib releases the GIL) instead of one pass over the whole file."""
+in parallel (threads; hashlib releases the GIL) instead of one pass over the whole file,
+and a loader can check the chunks of the weights as it reads them for use."""
 
 from __future__ import annotations
 
@@ -86,9 +87,11 @@ def save_weights(tensors: dict[str, torch.Tensor], directory: Path) -> None:
     path.chmod(0o666 & ~umask)
 
 
-def read_manifest(directory: Path, env: dict[str, Any]) -> dict[str, Any]:
+def read_manifest(directory: Path, env: dict[str, Any],
+                  unchecked: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The manifest of ``directory`` once it and every file it names check out, else
-    :class:`ArtifactError` saying what is wrong."""
+    :class:`ArtifactError` saying what is wrong. The sha256 of files in ``unchecked`` is
+    left to the caller, who checks their :func:`sha256_spans` before using any byte."""
     directory = Path(directory)
     path = directory / MANIFEST
     if not path.is_file():
@@ -117,7 +120,7 @@ def read_manifest(directory: Path, env: dict[str, Any]) -> dict[str, Any]:
             raise ArtifactError(f"{path}: file name {name!r} points outside the artifact")
         if not (directory / name).is_file():
             raise ArtifactError(f"{directory}: {name} is missing")
-    failed = _failing(directory, manifest["files"], manifest.get("chunks", {}))
+    failed = _failing(directory, manifest, [n for n in manifest["files"] if n not in unchecked])
     if failed:
         raise ArtifactError(f"{directory}: {failed} fails its sha256 check (corrupted or "
                             "modified); rebuild the artifact")
@@ -146,21 +149,28 @@ def hashes(directory: Path) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
     return files, chunks
 
 
-def _failing(directory: Path, files: dict[str, str], chunks: dict[str, dict[str, Any]]
-             ) -> Optional[str]:
-    """The first file, in manifest order, whose bytes do not match: a chunked file by its
-    size and every chunk, the others whole; all at once on a thread each."""
+def sha256_spans(directory: Path, manifest: dict[str, Any], name: str
+                 ) -> list[tuple[int, int, str]]:
+    """The (offset, length, sha256) spans file ``name`` is checked by: its chunks, or the
+    whole file."""
+    record = manifest.get("chunks", {}).get(name)
+    if record is None:
+        return [(0, (directory / name).stat().st_size, manifest["files"][name])]
+    size, step = record["size"], record["bytes"]
+    return [(offset, min(step, size - offset), sha)
+            for offset, sha in zip(range(0, size, step), record["sha256"])]
+
+
+def _failing(directory: Path, manifest: dict[str, Any], names: list[str]) -> Optional[str]:
+    """The first of ``names`` whose bytes do not match: its size, then every span, all at
+    once on a thread each."""
     checks = []  # (name, expected, offset, length)
-    for name, sha in files.items():
-        if name not in chunks:
-            checks.append((name, sha, 0, None))
-            continue
-        record = chunks[name]
-        if (directory / name).stat().st_size != record["size"]:
+    for name in names:
+        spans = sha256_spans(directory, manifest, name)
+        if (directory / name).stat().st_size != sum(length for _, length, _ in spans):
             checks.append((name, None, 0, 0))  # matches no sha256
             continue
-        checks += [(name, part, i * record["bytes"], record["bytes"])
-                   for i, part in enumerate(record["sha256"])]
+        checks += [(name, sha, offset, length) for offset, length, sha in spans]
     with _pool() as pool:
         matches = list(pool.map(
             lambda c: file_sha256(directory / c[0], c[2], c[3]) == c[1], checks))

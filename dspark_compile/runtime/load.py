@@ -10,12 +10,13 @@ from typing import Optional, Sequence
 import torch
 
 from dspark_compile.checkpoint import load_weights
+from dspark_compile.checkpoint.staging import read_tensors
 from dspark_compile.compile.backends import get_backend
 from dspark_compile.compile.key import environment
-from dspark_compile.compile.store import ARTIFACT_WEIGHTS, read_manifest
+from dspark_compile.compile.store import ARTIFACT_WEIGHTS, read_manifest, sha256_spans
 from dspark_compile.config import LaneConfig, check_device
 from dspark_compile.draft import DraftStep
-from dspark_compile.errors import ArtifactError, ConfigError
+from dspark_compile.errors import ArtifactError, ChecksumError, ConfigError
 from dspark_compile.runtime.runner import Runner
 
 
@@ -28,7 +29,8 @@ def load_runner(artifact_dir: str | Path, device: torch.device | str = "cpu",
     device = check_device(device)
     directory = Path(artifact_dir)
     marks = [time.perf_counter()]
-    manifest = read_manifest(directory, environment(device))
+    # the weights' sha256 is checked as they are read for use, in one pass over the file
+    manifest = read_manifest(directory, environment(device), unchecked={ARTIFACT_WEIGHTS})
     marks.append(time.perf_counter())
     chosen = manifest["buckets"] if buckets is None else sorted(set(buckets))
     if not chosen or any(b not in manifest["buckets"] for b in chosen):
@@ -38,14 +40,21 @@ def load_runner(artifact_dir: str | Path, device: torch.device | str = "cpu",
         lane = LaneConfig(**manifest["lane"])
     except (TypeError, ValueError) as err:
         raise ArtifactError(f"{directory}: the manifest's lane is not valid: {err}") from err
-    drafter = load_weights(lane, directory / ARTIFACT_WEIGHTS, device)
+    try:
+        tensors = read_tensors(directory / ARTIFACT_WEIGHTS, device, spans=sha256_spans(
+            directory, manifest, ARTIFACT_WEIGHTS))
+    except ChecksumError as err:
+        raise ArtifactError(f"{directory}: {ARTIFACT_WEIGHTS} fails its sha256 check "
+                            f"(corrupted or modified); rebuild the artifact ({err})") from err
+    drafter = load_weights(lane, {}, device, supplied=tensors)
     marks.append(time.perf_counter())
     backend = get_backend(manifest["backend"])
     steps = backend.load(directory, DraftStep(drafter, manifest["with_probs"]), chosen)
     marks.append(time.perf_counter())
     runner = Runner(manifest, drafter, steps, device, capture=device.type == "cuda")
     marks.append(time.perf_counter())
-    phases = ("manifest and sha256", "weights", "backend load", "warm-up and capture")
+    phases = ("manifest and sha256", "weights and their sha256", "backend load",
+              "warm-up and capture")
     runner.load_seconds = {phase: round(b - a, 4)
                            for phase, a, b in zip(phases, marks, marks[1:])}
     runner.load_seconds["total"] = round(marks[-1] - marks[0], 4)

@@ -102,10 +102,10 @@ def test_tampered_payload_is_refused(artifact):
 
 
 @pytest.fixture
-def chunked(tmp_path, monkeypatch):
+def chunked(tmp_path, monkeypatch, device):
     """An eager artifact whose weights (370 KB) are past a 64 KiB chunk size."""
     monkeypatch.setattr(store, "CHUNK_BYTES", 1 << 16)
-    drafter = random_drafter(lane_config("tiny"), "cpu", seed=0)
+    drafter = random_drafter(lane_config("tiny"), device, seed=0)
     return build_artifact(drafter, "eager", [1], tmp_path / "root")[0]
 
 
@@ -123,7 +123,8 @@ def test_a_large_file_has_a_sha256_for_each_chunk(chunked):
 
 @pytest.mark.parametrize("damage", ["a byte of the second chunk", "the last byte cut",
                                     "a byte appended"])
-def test_a_damaged_chunk_is_refused(chunked, damage):
+def test_a_damaged_chunk_is_refused(chunked, damage, device):
+    """The weights are checked chunk by chunk as a load reads them for use."""
     data = bytearray((chunked / ARTIFACT_WEIGHTS).read_bytes())
     if damage == "a byte of the second chunk":
         data[(1 << 16) + 5] ^= 1
@@ -133,7 +134,7 @@ def test_a_damaged_chunk_is_refused(chunked, damage):
         data.append(0)
     (chunked / ARTIFACT_WEIGHTS).write_bytes(bytes(data))
     with pytest.raises(ArtifactError, match="weights.safetensors fails its sha256 check"):
-        load_runner(chunked, "cpu")
+        load_runner(chunked, device)
 
 
 def test_a_malformed_chunk_record_is_refused(chunked):

@@ -405,7 +405,8 @@ def test_a_subset_load_still_checks_every_file(two_buckets):
 
 
 def test_the_runner_says_where_its_load_time_went(runner):
-    phases = ["manifest and sha256", "weights", "backend load", "warm-up and capture"]
+    phases = ["manifest and sha256", "weights and their sha256", "backend load",
+              "warm-up and capture"]
     assert list(runner.load_seconds) == phases + ["total"]
     assert all(runner.load_seconds[p] >= 0 for p in phases)
     assert runner.load_seconds["total"] == pytest.approx(
