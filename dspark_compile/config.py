@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from dspark_compile.errors import ConfigError
 
@@ -255,6 +253,10 @@ def _plain(value: Any) -> Any:
 
 def lane_config(name: str, **overrides: Any) -> LaneConfig:
     """The lane ``conf/lane/<name>.yaml`` as a :class:`LaneConfig`, without Hydra."""
+    # imported here: a process that only loads an artifact never reads a lane's YAML
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     path = CONF_DIR / "lane" / f"{name}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in (CONF_DIR / "lane").glob("*.yaml"))

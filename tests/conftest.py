@@ -165,3 +165,19 @@ def run_verify(artifact, *overrides):
     lines = result.stdout.strip().splitlines()
     report = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
     return result.returncode, report, result.stderr
+
+
+# Files that take minutes on a 2-core CI machine (each lowers for the CPU, or builds the
+# artifacts other files share), in the order they should start: the two workers of
+# ``--dist loadfile`` take files in collection order, so a long file collected last would
+# run alone at the end.
+LONGEST_FIRST = ("tools/test_cli.py", "compile/test_backends.py", "runtime/test_runner.py",
+                 "speculative/test_generate.py")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        path = item.path.as_posix()
+        return next((i for i, name in enumerate(LONGEST_FIRST) if path.endswith(name)),
+                    len(LONGEST_FIRST))
+    items.sort(key=rank)  # stable: the order within a file, and of the rest, is kept

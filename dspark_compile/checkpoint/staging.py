@@ -57,6 +57,19 @@ def read_tensors(path: Path, device: torch.device, names: Optional[Sequence[str]
     return _cut(data, names, path)
 
 
+def read_ahead(path: Path) -> None:
+    """Have the kernel read ``path`` into the page cache on a thread of its own, so the
+    disk works while the caller does other things (starts CUDA, checks other files)."""
+    def advise() -> None:
+        try:
+            with open(path, "rb") as f:
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass  # only a hint: the read that follows reports what is wrong
+    if hasattr(os, "posix_fadvise"):
+        threading.Thread(target=advise, daemon=True).start()
+
+
 class _Reader:
     """Reads spans of a file into ``data``; on a GPU through a pinned buffer and a stream of
     each thread's own."""

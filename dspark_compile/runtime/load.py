@@ -3,14 +3,16 @@ artifact's own backend."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Optional, Sequence
 
 import torch
 
 from dspark_compile.checkpoint import load_weights
-from dspark_compile.checkpoint.staging import read_tensors
+from dspark_compile.checkpoint.staging import read_ahead, read_tensors
 from dspark_compile.compile.backends import get_backend
 from dspark_compile.compile.key import environment
 from dspark_compile.compile.store import ARTIFACT_WEIGHTS, read_manifest, sha256_spans
@@ -29,6 +31,7 @@ def load_runner(artifact_dir: str | Path, device: torch.device | str = "cpu",
     device = check_device(device)
     directory = Path(artifact_dir)
     marks = [time.perf_counter()]
+    read_ahead(directory / ARTIFACT_WEIGHTS)
     # the weights' sha256 is checked as they are read for use, in one pass over the file
     manifest = read_manifest(directory, environment(device), unchecked={ARTIFACT_WEIGHTS})
     marks.append(time.perf_counter())
@@ -40,15 +43,18 @@ def load_runner(artifact_dir: str | Path, device: torch.device | str = "cpu",
         lane = LaneConfig(**manifest["lane"])
     except (TypeError, ValueError) as err:
         raise ArtifactError(f"{directory}: the manifest's lane is not valid: {err}") from err
-    try:
-        tensors = read_tensors(directory / ARTIFACT_WEIGHTS, device, spans=sha256_spans(
-            directory, manifest, ARTIFACT_WEIGHTS))
-    except ChecksumError as err:
-        raise ArtifactError(f"{directory}: {ARTIFACT_WEIGHTS} fails its sha256 check "
-                            f"(corrupted or modified); rebuild the artifact ({err})") from err
-    drafter = load_weights(lane, {}, device, supplied=tensors)
-    marks.append(time.perf_counter())
-    backend = get_backend(manifest["backend"])
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        # the backend's imports and files (Inductor's: seconds) while the weights are read
+        prepared = pool.submit(_prepared_backend, manifest["backend"], directory, device)
+        try:
+            tensors = read_tensors(directory / ARTIFACT_WEIGHTS, device, spans=sha256_spans(
+                directory, manifest, ARTIFACT_WEIGHTS))
+        except ChecksumError as err:  # the words read_manifest and the C++ runner use
+            raise ArtifactError(f"{directory}: {ARTIFACT_WEIGHTS} fails its sha256 check "
+                                "(corrupted or modified); rebuild the artifact") from err
+        drafter = load_weights(lane, {}, device, supplied=tensors)
+        marks.append(time.perf_counter())
+        backend = prepared.result()
     steps = backend.load(directory, DraftStep(drafter, manifest["with_probs"]), chosen)
     marks.append(time.perf_counter())
     runner = Runner(manifest, drafter, steps, device, capture=device.type == "cuda")
@@ -59,3 +65,10 @@ def load_runner(artifact_dir: str | Path, device: torch.device | str = "cpu",
                            for phase, a, b in zip(phases, marks, marks[1:])}
     runner.load_seconds["total"] = round(marks[-1] - marks[0], 4)
     return runner
+
+
+def _prepared_backend(name: str, directory: Path, device: torch.device) -> ModuleType:
+    backend = get_backend(name)
+    if hasattr(backend, "prepare"):
+        backend.prepare(directory, device)
+    return backend

@@ -6,7 +6,10 @@
   signature that updates the KV cache in place and returns the draft step's outputs
   ``(ids, confidences, rules[, q])``.
 
-A module may set ``DEVICES`` (device types it runs on) and ``DTYPE`` (a dtype it forces).
+A module may also have ``prepare(out_dir, device)``, what its load needs that does not
+depend on the weights (its imports come with it), which the runtime runs on a thread while
+the weights are read, before ``load``; and set ``DEVICES`` (device types it runs on) and
+``DTYPE`` (a dtype it forces).
 On a GPU the runtime records each bucket's callable as one CUDA graph.
 Adding a backend is one module plus one line here.
 """

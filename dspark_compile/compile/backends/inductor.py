@@ -185,9 +185,12 @@ def unpack_kernels(tar_path: Path, device: torch.device) -> None:
             os.replace(part, target)
 
 
-def load(out_dir: Path, step: DraftStep, buckets: list[int]) -> dict[int, Callable]:
-    unpack_kernels(out_dir / KERNELS, next(step.parameters()).device)
+def prepare(out_dir: Path, device: torch.device) -> None:
+    unpack_kernels(out_dir / KERNELS, device)
     kernels.register()  # the ops exist before the graphs that call them load
+
+
+def load(out_dir: Path, step: DraftStep, buckets: list[int]) -> dict[int, Callable]:
     steps = {}
     for bucket in buckets:
         with open(_bucket_file(out_dir, bucket), "rb") as f:
