@@ -30,7 +30,7 @@ import json, os, sys, time
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
-from dspark_compile.checkpoint.staging import read_to_device
+from dspark_compile.checkpoint.staging import read_tensors
 path, how = sys.argv[1], sys.argv[2]
 torch.cuda.init(); torch.empty(1, device="cuda")
 with safe_open(path, "pt") as f:
@@ -39,7 +39,7 @@ start = time.perf_counter()
 if how == "safetensors":
     tensors = load_file(path, device="cuda")
 elif how == "staged":
-    tensors = read_to_device(path, names, torch.device("cuda"))
+    tensors = read_tensors(path, torch.device("cuda"), names)
 else:  # the host-to-device copy alone, from pinned memory: the floor once the file is read
     size = os.path.getsize(path)
     host = torch.empty(size, dtype=torch.uint8, pin_memory=True)

@@ -54,7 +54,7 @@ case ${1:?tests, check, build LANE, verify LANE, bench LANE or cold LANE} in
       tests/kernels/test_block_attention.py tests/model/test_backbone.py \
       tests/draft/test_step.py tests/compile/test_backends.py tests/compile/test_inductor.py \
       tests/checkpoint/test_staging.py tests/compile/test_store.py \
-      -k "attention or recompute or compiles or host or inductor or safetensors or spans or damaged or chunk or shorter" \
+      -k "attention or recompute or compiles or host or inductor or safetensors or spans or damaged or chunk or shorter or nan or finite" \
       > "$OUT/tests_cuda.txt" 2>&1
     echo "pytest on cuda: exit $?"; tail -n 3 "$OUT/tests_cuda.txt"
     [ "$1" = check ] && timeout 200 python3 scripts/attention_bench.py \
