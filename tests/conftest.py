@@ -169,10 +169,14 @@ def run_verify(artifact, *overrides):
 
 # Files that take minutes on a 2-core CI machine (each lowers for the CPU, or builds the
 # artifacts other files share), in the order they should start: the two workers of
-# ``--dist loadfile`` take files in collection order, so a long file collected last would
-# run alone at the end.
+# ``--dist loadfile`` take files in collection order (with xdist's reordering off), so a
+# long file collected last would run alone at the end.
 LONGEST_FIRST = ("tools/test_cli.py", "compile/test_backends.py", "runtime/test_runner.py",
                  "speculative/test_generate.py")
+
+
+def pytest_configure(config):
+    config.option.loadscopereorder = False  # else xdist starts the files of most tests first
 
 
 def pytest_collection_modifyitems(items):
