@@ -83,18 +83,17 @@ class _Reader:
         digest = hashlib.sha256()
         for start in range(offset, offset + length, STAGE_BYTES):
             n = min(STAGE_BYTES, offset + length - start)
-            if self.data.device.type == "cpu":
-                view = memoryview(self.data[start:start + n].numpy())
-                self._pread(view, start)
-                digest.update(view)
-                continue
-            buffer, stream = self._staging()
+            if self.data.device.type == "cpu":  # straight into the file's buffer
+                buffer, stream = self.data[start:start + n], None
+            else:
+                buffer, stream = self._staging()
             view = memoryview(buffer.numpy())[:n]
             self._pread(view, start)
             digest.update(view)
-            with torch.cuda.stream(stream):
-                self.data[start:start + n].copy_(buffer[:n], non_blocking=True)
-            stream.synchronize()  # before this thread's buffer is read into again
+            if stream is not None:
+                with torch.cuda.stream(stream):
+                    self.data[start:start + n].copy_(buffer[:n], non_blocking=True)
+                stream.synchronize()  # before this thread's buffer is read into again
         return expected is None or digest.hexdigest() == expected
 
     def _staging(self) -> tuple[Tensor, torch.cuda.Stream]:
