@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.metadata
 import json
 import platform
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -16,6 +18,31 @@ from typing import Any, Optional
 import torch
 
 FORMAT_VERSION = 2
+
+
+# an import statement that starts a line, with a parenthesised list of names whole
+IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+[\w.]+[ \t]+)?import[ \t][^\n(#]*(?:\([^)]*\))?",
+                    re.MULTILINE)
+
+
+def imported_modules(source: str) -> set[str]:
+    """The modules a module's ``source`` imports, at its top level or inside functions, and
+    for ``from m import n`` also ``m.n`` (a submodule where it is one). Only the import
+    statements are parsed, not the whole file (a load checks this package's fingerprint:
+    parsing every source took most of the manifest check); a line of prose that looks like
+    one is skipped or adds a name, never drops one."""
+    names = set()
+    for match in IMPORT.finditer(source):
+        try:
+            statement = ast.parse(match.group().strip()).body[0]
+        except SyntaxError:
+            continue
+        if isinstance(statement, ast.Import):
+            names.update(alias.name for alias in statement.names)
+        elif isinstance(statement, ast.ImportFrom) and statement.module:
+            names.add(statement.module)
+            names.update(f"{statement.module}.{alias.name}" for alias in statement.names)
+    return names
 
 
 def compiled_sources() -> list[Path]:
@@ -29,18 +56,11 @@ def compiled_sources() -> list[Path]:
         if path in seen:
             continue
         seen.add(path)
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            else:
-                continue
-            for name in names:
-                if name.startswith("dspark_compile."):
-                    module = package.joinpath(*name.split(".")[1:])
-                    todo += [p for p in (module.with_suffix(".py"), module / "__init__.py")
-                             if p.is_file()]
+        for name in imported_modules(path.read_text()):
+            if name.startswith("dspark_compile."):
+                module = package.joinpath(*name.split(".")[1:])
+                todo += [p for p in (module.with_suffix(".py"), module / "__init__.py")
+                         if p.is_file()]
     return sorted(seen)
 
 
@@ -54,16 +74,23 @@ def code_fingerprint() -> str:
     return digest.hexdigest()[:16]
 
 
+def triton_version() -> Optional[str]:
+    """Triton's version from its installed package's metadata (PyTorch's nightly builds
+    name it ``pytorch-triton``), not by importing it: a load that needs no Triton (aoti)
+    would spend 0.1-0.2 s on the import; None without Triton."""
+    for distribution in ("triton", "pytorch-triton"):
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
 def environment(device: torch.device | str) -> dict[str, Any]:
     """What compiled code depends on, for ``device``: versions, hardware, our own source."""
     device = torch.device(device)
-    try:
-        import triton
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
     env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
-                           "triton": triton_version, "cuda": torch.version.cuda,
+                           "triton": triton_version(), "cuda": torch.version.cuda,
                            "dspark_code": code_fingerprint(), "device_type": device.type}
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)

@@ -2,6 +2,7 @@
 and its bundle (the kernels, launchers and autotuning choices a fresh process would
 otherwise compile or time again)."""
 
+import mmap
 import os
 import subprocess
 import sys
@@ -14,8 +15,8 @@ import torch._inductor.config
 
 from dspark_compile.compile.backends import get_backend
 from dspark_compile.compile.backends.inductor import (KERNELS, autotune_choices,
-                                                      bundled_files, unpack_kernels,
-                                                      write_bundle)
+                                                      bundled_files, mapped_libraries,
+                                                      unpack_kernels, write_bundle)
 from dspark_compile.runtime import load_runner
 from dspark_compile.tools.rounds import synthetic_rounds
 
@@ -59,7 +60,13 @@ def test_a_saved_inductor_step_refuses_a_module_whose_constants_differ(tmp_path)
 
 
 LOAD_AND_DRAFT = """
-import sys
+import importlib.util, sys
+compiled = []  # the kernels Triton compiles (or finds in its cache) in this process
+if importlib.util.find_spec("triton"):  # CPU wheels of torch lack it
+    import triton
+    triton_compile = triton.compile
+    triton.compile = lambda src, *args, **kw: (compiled.append(src.fn.__name__)
+                                              or triton_compile(src, *args, **kw))
 from dspark_compile.compile.backends.inductor import (TRITON_FOLDER, inductor_cache,
                                                       mapped_libraries, triton_caches)
 from dspark_compile.runtime import load_runner
@@ -75,15 +82,18 @@ for path in sorted(mapped_libraries()):
         print(path.relative_to(cache).as_posix())
 from torch._dynamo.utils import compilation_time_metrics  # what Inductor timed in this process
 print(len(compilation_time_metrics.get("CachingAutotuner.benchmark_all_configs", [])))
+print(",".join(compiled) or "-")
 """
 
 
 def test_an_inductor_artifact_loads_with_every_kernel_from_its_bundle(built_artifact, device,
                                                                       tmp_path):
-    """A fresh process with empty Inductor and Triton caches runs the step on kernels and
-    Triton launchers from the artifact's bundle only: one compiled again would be one the
-    bundle lacks. On a GPU the build's autotuning choices travel too: the load times no
-    kernel's candidate configs."""
+    """A fresh process with empty Inductor and Triton caches runs the step on kernels from
+    the artifact only: on a CPU Inductor's C++ kernels from its bundle (one compiled again
+    would be one the bundle lacks); on a GPU each of Inductor's Triton kernels launched
+    from the binary its saved function holds (``triton.compile`` called for none of them,
+    not even to find it in Triton's cache; only for our own), and the build's autotuning
+    choices from the bundle: the load times no kernel's candidate configs."""
     artifact = built_artifact("inductor", "tiny_d2t", buckets=(1, 3))
     with tarfile.open(artifact / KERNELS) as tar:
         bundled = {member.name for member in tar.getmembers()}
@@ -92,15 +102,27 @@ def test_an_inductor_artifact_loads_with_every_kernel_from_its_bundle(built_arti
     result = subprocess.run([sys.executable, "-c", LOAD_AND_DRAFT, str(artifact), device.type],
                             capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
-    *names, autotuned = result.stdout.split()
+    *names, autotuned, compiled = result.stdout.split()
     loaded = set(names)
     if device.type == "cpu":
         assert loaded  # Inductor's CPU kernels are C++ libraries
     else:
-        assert any(name.startswith("triton-cache/") for name in loaded)  # its launchers
         assert any(name.endswith(".best_config") for name in bundled)  # the build autotuned
         assert autotuned == "0"
+        assert not [name for name in compiled.split(",") if name.startswith("triton_")]
     assert loaded <= bundled
+
+
+def test_a_library_replaced_after_it_was_mapped_is_still_listed(tmp_path):
+    """A launcher this process mapped, which another build then put into the shared cache
+    again (a rename over it): the kernel lists the mapping as "(deleted)", and the file
+    under that name is still bundled."""
+    library = tmp_path.resolve() / "launcher.so"
+    library.write_bytes(bytes(4096))
+    with open(library, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ):
+        (tmp_path / "again.so").write_bytes(bytes(4096))
+        os.replace(tmp_path / "again.so", library)
+        assert library in mapped_libraries()
 
 
 def test_bundled_launchers_unpack_where_inductor_points_triton(tmp_path, monkeypatch):

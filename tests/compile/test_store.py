@@ -14,7 +14,8 @@ import torch
 
 import dspark_compile
 from dspark_compile.compile import build_artifact
-from dspark_compile.compile.key import ArtifactKey, compiled_sources, environment
+from dspark_compile.compile.key import (ArtifactKey, compiled_sources, environment,
+                                        imported_modules)
 from dspark_compile.compile import store
 from dspark_compile.compile.store import ARTIFACT_WEIGHTS, MANIFEST, read_manifest
 from dspark_compile.checkpoint import random_drafter
@@ -171,6 +172,30 @@ def test_code_fingerprint_covers_every_module_the_draft_step_imports():
     assert {"draft/step.py", "rng.py", "kernels/markov/kernels.py", "model/heads.py",
             "model/vocab.py", "compile/backends/aoti.py", "config.py"} <= sources
     assert not sources & {"runtime/runner.py", "tools/bench.py", "compile/store.py", "cli.py"}
+
+
+def test_the_environment_names_the_triton_that_imports():
+    """The environment reads Triton's version from its package's metadata; the module
+    itself must say the same (where it is installed)."""
+    triton = pytest.importorskip("triton", reason="CPU wheels of torch come without Triton")
+    assert environment("cpu")["triton"].split("+")[0] == triton.__version__  # +git: nightly
+
+
+def test_the_import_scan_finds_every_import_the_python_parser_finds():
+    """The fingerprint's scan parses import statements only; Python's parser, walking
+    every node of each of the package's modules, must find no import it misses."""
+    import ast
+    package = Path(dspark_compile.__file__).parent
+    for path in package.rglob("*.py"):
+        parsed = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                parsed.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                parsed |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        assert parsed <= imported_modules(path.read_text()), path
+    tricky = "def f():\n    from a.b import (c,  # why\n        d as e)\n    import f.g, h\n"
+    assert imported_modules(tricky) == {"a.b", "a.b.c", "a.b.d", "f.g", "h"}
 
 
 def test_manifest_naming_a_file_outside_the_artifact_is_refused(artifact):

@@ -57,8 +57,14 @@ def compile_options() -> dict:
     the process compiles after it), and the guard filter :func:`guards_kept`. No
     ``triton.cudagraphs`` (reduce-overhead): the runtime records the call in a CUDA graph of
     its own, so a round is one replay, not the CUDA graph tree's bookkeeping in Python
-    first."""
-    return {"emulate_precision_casts": True, "guard_filter_fn": guards_kept}
+    first. Inductor's kernels launched from the binaries their saved function holds, so a
+    load compiles none of them: kernel names without the fused ops' names (Triton cuts its
+    files' names at 150 characters, where Inductor then finds no binary and compiles the
+    kernel again at every load), and no ``dynamic_scale_rblock`` (a reduction's smaller
+    blocks, which Inductor compiles after the saved binaries and, in torch 2.11, again at
+    every load, then times against them). Our own kernels are found in Triton's cache."""
+    return {"emulate_precision_casts": True, "guard_filter_fn": guards_kept,
+            "triton.descriptive_names": False, "dynamic_scale_rblock": False}
 
 
 def aot_compiled(forward: Callable, example: tuple[Tensor, ...]) -> Callable:
@@ -153,12 +159,15 @@ def triton_caches() -> set[Path]:
 
 def mapped_libraries() -> set[Path]:
     """The shared libraries this process has mapped (``/proc/self/maps``; none listed
-    without ``/proc``)."""
+    without ``/proc``), also those whose file was replaced since: a build beside this one
+    that compiled the same launcher puts it into the shared cache by a rename, leaving the
+    same build under the same name."""
     maps = Path("/proc/self/maps")
     lines = maps.read_text().splitlines() if maps.exists() else []
     # address, permissions, offset, device, inode, then the mapped file's path if any
-    return {Path(fields[5]) for fields in (line.split(maxsplit=5) for line in lines)
-            if len(fields) == 6 and fields[5].endswith(".so")}
+    paths = (fields[5].removesuffix(" (deleted)")
+             for fields in (line.split(maxsplit=5) for line in lines) if len(fields) == 6)
+    return {Path(path) for path in paths if path.endswith(".so")}
 
 
 def unpack_kernels(tar_path: Path, device: torch.device) -> None:
