@@ -26,12 +26,19 @@ CHECKPOINT_WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 
 
+def meta_drafter(lane: LaneConfig, device: torch.device | str) -> Drafter:
+    """A drafter of ``lane`` for ``device`` (its ``auto`` fast paths decided for it) with no
+    storage: its tensors on the meta device, shapes and dtypes only, until filled
+    (``to_empty``, or :func:`load_weights` ``into`` it)."""
+    lane = lane.for_device(device)
+    with torch.device("meta"):
+        return Drafter(lane).to(lane.torch_dtype)
+
+
 def empty_drafter(lane: LaneConfig, device: torch.device | str) -> Drafter:
     """A drafter with uninitialised storage on ``device``, in the lane's dtype (its lane's
     ``auto`` fast paths decided for the device)."""
-    lane = lane.for_device(device)
-    with torch.device("meta"):
-        drafter = Drafter(lane).to(lane.torch_dtype)
+    drafter = meta_drafter(lane, device)
     drafter.to_empty(device=device)
     drafter.fill_rope_tables()
     return drafter.eval()
@@ -97,10 +104,13 @@ def _keys(path: Path) -> list[str]:
 
 def load_weights(lane: LaneConfig, files: Path | dict[str, Path], device: torch.device | str,
                  supplied: Optional[dict[str, Tensor]] = None,
-                 ignored: frozenset[str] = frozenset({"t2d"})) -> Drafter:
+                 ignored: frozenset[str] = frozenset({"t2d"}),
+                 into: Optional[Drafter] = None) -> Drafter:
     """A drafter of ``lane`` with the tensors of ``files`` (one safetensors file, or a map of
     tensor name to file), checked key by key. ``supplied`` tensors (the verifier's) take
-    the place of file tensors of the same name; ``ignored`` names may sit in the files."""
+    the place of file tensors of the same name; ``ignored`` names may sit in the files.
+    ``into``, a :func:`meta_drafter` of the lane, is filled and returned instead of a new
+    drafter: its modules may already be held (a loaded compiled step's)."""
     supplied = supplied or {}
     lane = lane.for_device(device)
     if isinstance(files, (Path, str)):
@@ -110,8 +120,8 @@ def load_weights(lane: LaneConfig, files: Path | dict[str, Path], device: torch.
         if name not in supplied:
             by_file.setdefault(path, []).append(name)
     try:
-        with torch.device("meta"):  # shapes only: absurd sizes fail here, allocating nothing
-            drafter = Drafter(lane).to(lane.torch_dtype)
+        # shapes only: absurd sizes fail here, allocating nothing
+        drafter = meta_drafter(lane, device) if into is None else into
         expected = {name: tuple(t.shape) for name, t in drafter.state_dict().items()}
         found = {name: tuple(t.shape) for name, t in supplied.items()}
         with ExitStack() as stack:

@@ -4,6 +4,7 @@ artifact's own backend."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import time
 from pathlib import Path
 from types import ModuleType
@@ -11,7 +12,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from dspark_compile.checkpoint import load_weights
+from dspark_compile.checkpoint import load_weights, meta_drafter
 from dspark_compile.checkpoint.staging import read_ahead, read_tensors
 from dspark_compile.compile.backends import get_backend
 from dspark_compile.compile.key import environment
@@ -27,7 +28,8 @@ def load_runner(artifact_dir: str | Path, device: torch.device | str = "cpu",
     """Load an artifact built by ``dspark-compile``, all its buckets or the ``buckets``
     named. Refuses, with an :class:`~dspark_compile.errors.ArtifactError` naming what
     differs, an artifact from another environment or whose files fail their sha256. The
-    runner's ``load_seconds`` says where the time went."""
+    runner's ``load_seconds`` says where the time went: its phases, one after the other,
+    their total, and the seconds the backend took on a thread beside the weights' read."""
     device = check_device(device)
     directory = Path(artifact_dir)
     marks = [time.perf_counter()]
@@ -43,19 +45,25 @@ def load_runner(artifact_dir: str | Path, device: torch.device | str = "cpu",
         lane = LaneConfig(**manifest["lane"])
     except (TypeError, ValueError) as err:
         raise ArtifactError(f"{directory}: the manifest's lane is not valid: {err}") from err
+    # filled once its weights are read and checked; a backend that loads without them
+    # holds its modules already
+    drafter = meta_drafter(lane, device)
+    step = DraftStep(drafter, manifest["with_probs"])
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        # the backend's imports and files (Inductor's: seconds) while the weights are read
-        prepared = pool.submit(_prepared_backend, manifest["backend"], directory, device)
+        # the backend's imports, files and (where it can) load while the weights are read
+        loading = pool.submit(_loaded_backend, manifest["backend"], directory, device, step,
+                              chosen)
         try:
             tensors = read_tensors(directory / ARTIFACT_WEIGHTS, device, spans=sha256_spans(
                 directory, manifest, ARTIFACT_WEIGHTS))
         except ChecksumError as err:  # the words read_manifest and the C++ runner use
             raise ArtifactError(f"{directory}: {ARTIFACT_WEIGHTS} fails its sha256 check "
                                 "(corrupted or modified); rebuild the artifact") from err
-        drafter = load_weights(lane, {}, device, supplied=tensors)
         marks.append(time.perf_counter())
-        backend = prepared.result()
-    steps = backend.load(directory, DraftStep(drafter, manifest["with_probs"]), chosen)
+        backend, steps, beside = loading.result()
+    load_weights(lane, {}, device, supplied=tensors, into=drafter)
+    if steps is None:
+        steps = backend.load(directory, step, chosen)
     marks.append(time.perf_counter())
     runner = Runner(manifest, drafter, steps, device, capture=device.type == "cuda")
     marks.append(time.perf_counter())
@@ -64,11 +72,20 @@ def load_runner(artifact_dir: str | Path, device: torch.device | str = "cpu",
     runner.load_seconds = {phase: round(b - a, 4)
                            for phase, a, b in zip(phases, marks, marks[1:])}
     runner.load_seconds["total"] = round(marks[-1] - marks[0], 4)
+    runner.load_seconds["backend beside the weights"] = round(beside, 4)
     return runner
 
 
-def _prepared_backend(name: str, directory: Path, device: torch.device) -> ModuleType:
+def _loaded_backend(name: str, directory: Path, device: torch.device, step: DraftStep,
+                    buckets: list[int]) -> tuple[ModuleType, Optional[dict], float]:
+    """The backend, prepared, and its loaded steps if it loads without the step's weights
+    (else None), with the seconds this took."""
+    start = time.perf_counter()
     backend = get_backend(name)
-    if hasattr(backend, "prepare"):
-        backend.prepare(directory, device)
-    return backend
+    # this thread's CUDA calls (a load's kernels) on the artifact's device
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        if hasattr(backend, "prepare"):
+            backend.prepare(directory, device)
+        steps = (backend.load(directory, step, buckets)
+                 if getattr(backend, "LOADS_WITHOUT_WEIGHTS", False) else None)
+    return backend, steps, time.perf_counter() - start

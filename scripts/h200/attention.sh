@@ -5,12 +5,14 @@
 #   bash scripts/h200/attention.sh tests        # both lanes' builds start; CUDA tests of the
 #                                               # kernel, the step and the backends
 #   bash scripts/h200/attention.sh check        # tests, then the kernel's micro-benchmark
-#   bash scripts/h200/attention.sh build LANE   # its inductor and aoti builds start
+#   bash scripts/h200/attention.sh build LANE [BACKEND...]  # its builds start (default:
+#                                               # inductor and aoti)
 #   bash scripts/h200/attention.sh verify LANE  # dspark-verify of its inductor and aoti
 #                                               # artifacts: prompts of 2049-4096 rows
 #   bash scripts/h200/attention.sh bench LANE   # dspark-bench: eager, inductor, aoti at
 #                                               # buckets 1 8 64, context 4096
-#   bash scripts/h200/attention.sh cold LANE    # scripts/artifact_times.py: aoti, inductor,
+#   bash scripts/h200/attention.sh cold LANE [BACKEND...]   # scripts/artifact_times.py:
+#                                               # the backends built (default: aoti, inductor),
 #                                               # with torch's bytecode compiled first (the
 #                                               # image ships none; a pip install does)
 set -uo pipefail
@@ -21,7 +23,9 @@ export PYTHONPATH=/tmp/site:$PWD
 mkdir -p /tmp/builds
 
 build() {  # in a session of its own: it goes on after this call returns
-  for backend in inductor aoti; do
+  local lane=$1 backends=("${@:2}")
+  [ $# -gt 1 ] || backends=(inductor aoti)
+  for backend in "${backends[@]}"; do
     setsid nohup timeout 900 python3 -c '
 import sys, time
 from dspark_compile.compile import build_artifact
@@ -31,8 +35,8 @@ drafter = random_drafter(lane_config(sys.argv[1]), "cuda", seed=0)
 start = time.perf_counter()
 path, built = build_artifact(drafter, sys.argv[2], [1, 8, 64], "/tmp/arts")
 print(path, "built" if built else "found", round(time.perf_counter() - start, 1), "s")
-' "$1" "$backend" > "/tmp/builds/$1_$backend.log" 2>&1 < /dev/null &
-    echo $! > "/tmp/builds/$1_$backend.pid"
+' "$lane" "$backend" > "/tmp/builds/${lane}_$backend.log" 2>&1 < /dev/null &
+    echo $! > "/tmp/builds/${lane}_$backend.pid"
   done
 }
 
@@ -46,7 +50,7 @@ wait_builds() {
 artifact() { grep -E '^/tmp/arts/.* (built|found) ' "/tmp/builds/$1_$2.log" | cut -d' ' -f1; }
 
 case ${1:?tests, check, build LANE, verify LANE, bench LANE or cold LANE} in
-  build) build "$2" ;;
+  build) build "${@:2}" ;;
   tests|check)
     build qwen36_35b_a3b
     build qwen36_27b
@@ -78,6 +82,8 @@ case ${1:?tests, check, build LANE, verify LANE, bench LANE or cold LANE} in
     site=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
     timeout 200 python3 -m compileall -q -j 16 "$site" > /dev/null 2>&1
     echo "bytecode: $(find /tmp/pycache -name '*.pyc' | wc -l) files"
-    timeout 540 python3 scripts/artifact_times.py --lane "$2" --backends aoti inductor \
+    backends=("${@:3}")
+    [ $# -gt 2 ] || backends=(aoti inductor)
+    timeout 540 python3 scripts/artifact_times.py --lane "$2" --backends "${backends[@]}" \
       --buckets 1 8 64 --device cuda --root /tmp/arts --out "$OUT/cold_$2.json" ;;
 esac

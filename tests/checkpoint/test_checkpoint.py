@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from dspark_compile.checkpoint import (CONFIG, CHECKPOINT_WEIGHTS, Format, load_checkpoint,
+from dspark_compile.checkpoint import (CONFIG, CHECKPOINT_WEIGHTS, Format, empty_drafter,
+                                       load_checkpoint, load_weights, meta_drafter,
                                        random_drafter, save_checkpoint)
 from dspark_compile.config import lane_config
 from dspark_compile.errors import CheckpointError
@@ -138,6 +139,22 @@ def test_random_weights_are_seeded_and_made_on_the_device_in_the_lane_dtype(devi
         assert t.dtype == (torch.int64 if name == "d2t" else torch.bfloat16), name
     targets = torch.arange(lane.draft_vocab_size, device=device) + a.d2t
     assert torch.all(targets[1:] > targets[:-1]) and int(targets.max()) < 512
+
+
+def test_weights_fill_a_drafter_made_without_storage_whose_modules_are_held(tmp_path, device):
+    lane = lane_config("tiny_d2t")
+    path = tmp_path / "weights.safetensors"
+    save_file(random_drafter(lane, "cpu", 3).state_dict(), path)
+    drafter = meta_drafter(lane, device)
+    held = drafter.layers[0].self_attn  # as a loaded compiled step holds its modules
+    assert held.qkv_proj.weight.is_meta
+    assert load_weights(lane, path, device, into=drafter) is drafter
+    written = load_file(path)  # safetensors' own reader
+    for name, t in drafter.state_dict().items():
+        assert not t.is_meta and t.device.type == device.type, name
+        assert torch.equal(t.cpu(), written[name]), name
+    assert held is drafter.layers[0].self_attn and held.qkv_proj.weight.device.type == device.type
+    assert torch.equal(drafter.rope_cos, empty_drafter(lane, device).rope_cos)
 
 
 class Files(dict):

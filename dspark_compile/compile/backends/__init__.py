@@ -8,8 +8,10 @@
 
 A module may also have ``prepare(out_dir, device)``, what its load needs that does not
 depend on the weights (its imports come with it), which the runtime runs on a thread while
-the weights are read, before ``load``; and set ``DEVICES`` (device types it runs on) and
-``DTYPE`` (a dtype it forces).
+the weights are read, before ``load``; set ``LOADS_WITHOUT_WEIGHTS`` where ``load`` only
+keeps the step and reads its weights when called, so the runtime runs ``load`` on that
+thread too, the step's tensors still on the meta device; and set ``DEVICES`` (device types
+it runs on) and ``DTYPE`` (a dtype it forces).
 On a GPU the runtime records each bucket's callable as one CUDA graph.
 Adding a backend is one module plus one line here.
 """

@@ -5,8 +5,10 @@ reduce-overhead does, without that mode's Python work on every call). Beside the
 travel the compiled C++ kernels and Triton's compiled launchers, which the graphs name but
 do not hold, so a fresh process runs no C or C++ compiler either (where the build's
 Inductor cache started empty; kernels found there already travel when the graphs load
-them, the CPU's ISA probes only when compiled), and Triton's autotuning choices, so a
-fresh process on the same GPU times no kernel's candidate configs again."""
+them, the CPU's ISA probes only when compiled), and Triton's autotuning choices. In torch
+2.11-2.13 the saved kernels look for their choice beside their source's path in the
+build's Inductor cache, not the load's: a load where that cache is gone times each
+kernel's candidate configs again at its first call."""
 
 from __future__ import annotations
 
@@ -28,6 +30,9 @@ from dspark_compile.draft import DraftStep
 KERNELS = "inductor_kernels.tar"
 TRITON_FOLDER = "triton-cache"  # the tar's folder for Triton's launchers
 STEP = "step"  # the name the saved functions give the live DraftStep they are called on
+# the saved functions hold the step and read its weights only when called: the runtime
+# loads them while the weights are read
+LOADS_WITHOUT_WEIGHTS = True
 
 
 def _bucket_file(out_dir: Path, bucket: int) -> Path:
