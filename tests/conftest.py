@@ -73,8 +73,10 @@ print(build_artifact(drafter, backend, [int(b) for b in buckets], root)[0])
 
 @pytest.fixture(scope="session")
 def built_artifact(tmp_path_factory):
-    """``built_artifact(backend, lane_name, buckets=(3,), **lane_overrides)``: built once
-    per session, seed 0.
+    """``built_artifact(backend, lane_name, buckets=(3,), caches=None, **lane_overrides)``:
+    built once per session, seed 0; with ``caches`` (a folder) by a build whose Inductor
+    and Triton caches are ``caches/inductor`` and ``caches/triton`` (empty at first), into
+    ``caches/artifacts``, where a build of the same key elsewhere is not found.
 
     Each build runs in a fresh process, as ``dspark-compile`` does: a CPU AOTInductor
     build inside the test process took about 570 s against 85 s in a fresh one. pytest-xdist's
@@ -82,17 +84,24 @@ def built_artifact(tmp_path_factory):
     and reuse the first one's artifact (tests that damage one copy it first).
     """
     base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "artifacts"
-    root.mkdir(exist_ok=True)
+    shared_root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "artifacts"
+    shared_root.mkdir(exist_ok=True)
     built = {}
 
-    def get(backend: str, lane_name: str, buckets=(3,), **lane_overrides):
+    def get(backend: str, lane_name: str, buckets=(3,), caches: Path | None = None,
+            **lane_overrides):
         overrides = json.dumps(lane_overrides, sort_keys=True)
-        key = (backend, lane_name, overrides, tuple(buckets))
+        key = (backend, lane_name, overrides, tuple(buckets), caches)
+        root, env = shared_root, os.environ
+        if caches is not None:
+            root = caches / "artifacts"
+            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
+                       TRITON_CACHE_DIR=str(caches / "triton"))
         if key not in built:
             result = subprocess.run(
                 [sys.executable, "-c", BUILD, backend, lane_name, overrides, str(root),
-                 str(DEVICE), *map(str, buckets)], capture_output=True, text=True, timeout=1200)
+                 str(DEVICE), *map(str, buckets)], capture_output=True, text=True,
+                timeout=1200, env=env)
             assert result.returncode == 0, result.stderr[-3000:]
             built[key] = Path(result.stdout.strip().splitlines()[-1])
         return built[key]

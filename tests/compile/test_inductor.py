@@ -1,9 +1,10 @@
 """The inductor backend's own parts: its guard filter, its process-wide config left alone,
-and its bundle (the kernels, launchers and autotuning choices a fresh process would
-otherwise compile or time again)."""
+its bundle (the kernels and launchers a fresh process would otherwise compile again) and
+its kernels saved on the configs the build timed."""
 
 import mmap
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -14,9 +15,8 @@ import torch
 import torch._inductor.config
 
 from dspark_compile.compile.backends import get_backend
-from dspark_compile.compile.backends.inductor import (KERNELS, autotune_choices,
-                                                      bundled_files, mapped_libraries,
-                                                      unpack_kernels, write_bundle)
+from dspark_compile.compile.backends.inductor import (KERNELS, kernels_on_timed_configs,
+                                                      mapped_libraries, unpack_kernels)
 from dspark_compile.runtime import load_runner
 from dspark_compile.tools.rounds import synthetic_rounds
 
@@ -92,9 +92,16 @@ def test_an_inductor_artifact_loads_with_every_kernel_from_its_bundle(built_arti
     the artifact only: on a CPU Inductor's C++ kernels from its bundle (one compiled again
     would be one the bundle lacks); on a GPU each of Inductor's Triton kernels launched
     from the binary its saved function holds (``triton.compile`` called for none of them,
-    not even to find it in Triton's cache; only for our own), and the build's autotuning
-    choices from the bundle: the load times no kernel's candidate configs."""
-    artifact = built_artifact("inductor", "tiny_d2t", buckets=(1, 3))
+    not even to find it in Triton's cache; only for our own), on the config the build
+    timed: the load times no kernel's candidate configs. On a GPU the build's own caches
+    are gone by then (a saved kernel of several configs would find its choice there)."""
+    if device.type == "cuda":
+        artifact = built_artifact("inductor", "tiny_d2t", buckets=(1, 3),
+                                  caches=tmp_path / "build")
+        shutil.rmtree(tmp_path / "build" / "inductor")
+        shutil.rmtree(tmp_path / "build" / "triton")
+    else:
+        artifact = built_artifact("inductor", "tiny_d2t", buckets=(1, 3))
     with tarfile.open(artifact / KERNELS) as tar:
         bundled = {member.name for member in tar.getmembers()}
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor-cache"),
@@ -107,7 +114,6 @@ def test_an_inductor_artifact_loads_with_every_kernel_from_its_bundle(built_arti
     if device.type == "cpu":
         assert loaded  # Inductor's CPU kernels are C++ libraries
     else:
-        assert any(name.endswith(".best_config") for name in bundled)  # the build autotuned
         assert autotuned == "0"
         assert not [name for name in compiled.split(",") if name.startswith("triton_")]
     assert loaded <= bundled
@@ -175,30 +181,22 @@ def kernel(x, xnumel, XBLOCK: tl.constexpr):
 """
 
 
-def test_an_autotuning_choice_travels_in_the_bundle_and_inductor_takes_it(tmp_path,
-                                                                        monkeypatch):
-    """A kernel's choice, written by Inductor's own autotune cache, is bundled and unpacked
-    into an empty cache, where the same kernel loaded again holds that one config: nothing
-    left to time."""
+def test_a_kernel_compiled_again_after_its_choice_holds_that_one_config(tmp_path, monkeypatch):
+    """What the build's second compile of a bucket rests on: a kernel whose timed config
+    Inductor's own autotune cache stored, loaded again under :func:`kernels_on_timed_configs`,
+    holds that one config, so its saved copy has nothing to look up or time at a load;
+    without it, the process keeps the kernel of every candidate. The cache in use is back
+    afterwards."""
     pytest.importorskip("triton", reason="Triton autotunes Inductor's GPU kernels only")
     from torch._inductor.codecache import PyCodeCache
 
-    def choices_here() -> set[Path]:  # not those of kernels other tests loaded
-        return {path for path in autotune_choices() if path.is_relative_to(tmp_path.resolve())}
-
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "build"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     built = PyCodeCache.load(KERNEL_SOURCE).kernel
     assert len(built.configs) > 1
-    assert not choices_here()  # none timed yet
     built.save_cache_hook(built.configs[-1], 0)  # what Triton's first call stores
-    (choice,) = choices_here()
-    files = bundled_files(set())
-    assert files[f"{choice.parent.name}/{choice.name}"] == choice
-    write_bundle(tmp_path / KERNELS, files)
-
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "load"))
-    unpack_kernels(tmp_path / KERNELS, torch.device("cpu"))
-    loaded = PyCodeCache.load(KERNEL_SOURCE).kernel
-    assert Path(loaded.filename).is_relative_to(tmp_path / "load")
-    assert loaded.autotune_cache_info["autotune_cache_state"] == "hit"
-    assert [c.kwargs for c in loaded.configs] == [built.configs[-1].kwargs]
+    assert PyCodeCache.load(KERNEL_SOURCE).kernel is built
+    with kernels_on_timed_configs(torch.device("cpu")):
+        again = PyCodeCache.load(KERNEL_SOURCE).kernel
+    assert again.autotune_cache_info["autotune_cache_state"] == "hit"
+    assert [config.kwargs for config in again.configs] == [built.configs[-1].kwargs]
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path)

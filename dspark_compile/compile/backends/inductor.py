@@ -5,17 +5,20 @@ reduce-overhead does, without that mode's Python work on every call). Beside the
 travel the compiled C++ kernels and Triton's compiled launchers, which the graphs name but
 do not hold, so a fresh process runs no C or C++ compiler either (where the build's
 Inductor cache started empty; kernels found there already travel when the graphs load
-them, the CPU's ISA probes only when compiled), and Triton's autotuning choices. In torch
-2.11-2.13 the saved kernels look for their choice beside their source's path in the
-build's Inductor cache, not the load's: a load where that cache is gone times each
-kernel's candidate configs again at its first call."""
+them, the CPU's ISA probes only when compiled). Each Triton kernel is saved with the one
+config its build timed: a saved kernel of several configs looks for its choice by its
+source's path in the build's Inductor cache (torch 2.11-2.13), so a load on a machine
+without that cache would time every kernel's candidates again at its first call."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
+import shutil
 import tarfile
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -89,12 +92,64 @@ def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: P
     for bucket, i, n in progress.buckets(examples):
         progress.phase(f"tracing, lowering and compiling bucket {bucket} ({i}/{n})")
         saved = aot_compiled(step.forward, examples[bucket])
-        saved.save_compiled_function(str(_bucket_file(out_dir, bucket)),
-                                     external_data={STEP: step})
+        timed = kernels_with_candidates()
         with torch.no_grad():  # Triton times each kernel's candidate configs at its first call
             saved(step, *examples[bucket])
+        if timed:
+            progress.phase(f"compiling bucket {bucket} again on its kernels' timed configs")
+            with kernels_on_timed_configs(examples[bucket][0].device):
+                saved = aot_compiled(step.forward, examples[bucket])
+        saved.save_compiled_function(str(_bucket_file(out_dir, bucket)),
+                                     external_data={STEP: step})
     progress.phase("bundling the compiled kernels")
     write_bundle(out_dir / KERNELS, bundled_files(before))
+
+
+def kernels_with_candidates() -> bool:
+    """Whether a Triton kernel this process loaded was compiled for several candidate
+    configs (found in the modules of the graphs it compiled, earlier ones too)."""
+    from torch._inductor.codecache import PyCodeCache
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    return any(isinstance(kernel, CachingAutotuner) and len(kernel.compile_results) > 1
+               for module in PyCodeCache.modules for kernel in vars(module).values())
+
+
+@contextlib.contextmanager
+def kernels_on_timed_configs(device: torch.device):
+    """A compile whose Triton kernels take the config their first call timed: it runs in an
+    Inductor cache of its own that holds only the timed configs of the one in use, so each
+    kernel's source is loaded again (in this process and in the compile workers, which
+    keep the modules they loaded by their path) and finds its choice beside it. The kernel
+    then holds that one config, and its saved copy has nothing to look up or time at a
+    load. Triton's binaries still come from the cache in use."""
+    from torch._inductor.async_compile import CompiledTritonKernels
+
+    timed = inductor_cache()
+    triton = os.environ.get("TRITON_CACHE_DIR") or triton_cache_dir(device.index or 0)
+    with tempfile.TemporaryDirectory(prefix="dspark-inductor-") as new:
+        for choice in timed.rglob("*.best_config"):
+            target = Path(new) / choice.relative_to(timed)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(choice, target)
+        CompiledTritonKernels.cache_clear()  # kernels by their source, whatever the cache
+        with environ_patched(TORCHINDUCTOR_CACHE_DIR=new, TRITON_CACHE_DIR=triton):
+            yield
+
+
+@contextlib.contextmanager
+def environ_patched(**variables: str):
+    """``os.environ`` with ``variables`` set, as it was afterwards."""
+    before = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def write_bundle(tar_path: Path, files: dict[str, Path]) -> None:
@@ -105,17 +160,15 @@ def write_bundle(tar_path: Path, files: dict[str, Path]) -> None:
 
 
 def bundled_files(before: set[Path]) -> dict[str, Path]:
-    """The files a load would otherwise compile or time again, by their names in the tar:
-    the C++ kernels of Inductor's cache that this process mapped or compiled since
-    ``before`` was listed (the saved functions carry their source only; the CPU's ISA
-    probes among them), not its ``triton`` folder (Triton's binaries travel in the saved
-    functions); each Triton kernel's autotuning choice in Inductor's cache; and the
+    """The files a load would otherwise compile again, by their names in the tar: the C++
+    kernels of Inductor's cache that this process mapped or compiled since ``before`` was
+    listed (the saved functions carry their source only; the CPU's ISA probes among them),
+    not its ``triton`` folder (Triton's binaries travel in the saved functions); and the
     launchers Triton compiled with the C compiler and this process mapped, from Triton's
     cache as it is now (Inductor points it into its own where unset) or its default."""
     inductor = inductor_cache()
     mapped = mapped_libraries()
-    files = {path.relative_to(inductor).as_posix(): path for path in autotune_choices()
-             if path.is_relative_to(inductor)}
+    files = {}
     for path in mapped | (set(inductor.rglob("*.so")) - before):
         if path.is_relative_to(inductor) and path.is_file():
             relative = path.relative_to(inductor)
@@ -126,26 +179,6 @@ def bundled_files(before: set[Path]) -> dict[str, Path]:
             if path.is_relative_to(root) and path.is_file():
                 files[f"{TRITON_FOLDER}/{path.relative_to(root).as_posix()}"] = path
     return files
-
-
-def autotune_choices() -> set[Path]:
-    """Each Triton kernel's autotuning choice, for the kernels this process's graphs hold:
-    the ``.best_config`` file Inductor keeps beside the kernel's source (both named by the
-    source's hash), written at the kernel's first call here, which timed its candidate
-    configs, or found there already. Taken from the kernels, not from what Inductor
-    records: a choice found in the cache is read in Inductor's compile workers, which record
-    it in their own process. Kernels of one config have none."""
-    from torch._inductor.codecache import PyCodeCache
-    from torch._inductor.runtime.autotune_cache import AutotuneCache
-    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
-
-    sources = {kernel.filename for module in PyCodeCache.modules
-               for kernel in vars(module).values()
-               if isinstance(kernel, CachingAutotuner) and kernel.filename}
-    places = (AutotuneCache.create({}, source, "") for source in sources)
-    paths = {Path(place.local_cache[1]).resolve() for place in places
-             if place and place.local_cache}
-    return {path for path in paths if path.is_file()}
 
 
 def inductor_cache() -> Path:
