@@ -42,7 +42,7 @@ def command(name: str, config_name: str, needs: tuple[str, str] | None = None
                 raise SystemExit(2) from None
 
         def main() -> None:
-            if needs and importlib.util.find_spec(needs[0]) is None:
+            if needs and not installed(needs[0]):
                 print(f"{name}: MissingBackendError: {name} needs {needs[0]}: {needs[1]}",
                       file=sys.stderr)
                 raise SystemExit(2)
@@ -52,6 +52,15 @@ def command(name: str, config_name: str, needs: tuple[str, str] | None = None
             task()
         return main
     return wrap
+
+
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported; a dotted name's missing parent package (a
+    namespace such as ``hydra_plugins`` that nothing installed) says no, not raises."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 @command("dspark-compile", "config")

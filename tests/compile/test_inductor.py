@@ -59,6 +59,22 @@ def test_a_saved_inductor_step_refuses_a_module_whose_constants_differ(tmp_path)
             torch.testing.assert_close(out, step.proj(torch.ones(4)), rtol=0, atol=0)
 
 
+def test_an_inductor_artifact_drafts_the_host_path_tokens_with_another_thread_count(
+        built_artifact, device):
+    """Dynamo guards the process's global state, its thread count among it, as it was when
+    the step was traced; an engine sets its own. In a process with one thread more than the
+    build had, the artifact loads and drafts the host path's tokens (dspark-verify's check)."""
+    artifact = built_artifact("inductor", "tiny_d2t", buckets=(1, 3))
+    script = ("import sys, torch; torch.set_num_threads(int(sys.argv[2]))\n"
+              "from dspark_compile.tools.verify import verify_artifact\n"
+              "print(verify_artifact(sys.argv[1], sys.argv[3])['identical'])")
+    result = subprocess.run([sys.executable, "-c", script, str(artifact),
+                             str(torch.get_num_threads() + 1), device.type],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-1] == "True"
+
+
 LOAD_AND_DRAFT = """
 import importlib.util, sys
 compiled = []  # the kernels Triton compiles (or finds in its cache) in this process

@@ -70,3 +70,16 @@ def test_a_failed_job_is_a_row_and_the_sweep_goes_on_with_the_slurm_launcher_loc
 ])
 def test_progress_line(done, failed, total, expected):
     assert progress(done, failed, total, width=10) == expected
+
+
+def test_a_sweep_without_its_launcher_plugins_says_how_to_install_them(tmp_path):
+    """Without the ``sweep`` extra nothing provides the ``hydra_plugins`` namespace (hidden
+    here from a fresh process): one line that names the install command, no traceback."""
+    script = ("import sys; sys.modules['hydra_plugins'] = None\n"
+              "from dspark_compile.cli import sweep_main; sweep_main()")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=300, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "dspark-sweep: MissingBackendError: dspark-sweep needs "
+        "hydra_plugins.hydra_joblib_launcher: pip install 'dspark-compile[sweep]'"]

@@ -48,13 +48,16 @@ def guards_kept(entries: list) -> list[bool]:
     the lane's fields: a step of another lane or with ``with_probs`` set is refused, not
     run on this graph). Not those on the modules' tensors, types and dicts: the runtime
     never replaces them after loading, and Inductor's code checks its inputs' sizes itself.
-    Nor those a saved function cannot hold (on objects' identities or on globals)."""
+    Nor those a saved function cannot hold (on objects' identities or on globals), nor the
+    process's global state: it holds the thread count, which an engine sets for itself
+    (the step's tokens with another one: ``tests/compile/test_inductor.py``)."""
     from torch._dynamo.guards import CheckFunctionManager
 
     unsaved = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
     return [(not entry.orig_guard.source.is_unspecialized_nn_module()
              or entry.guard_type in ("CONSTANT_MATCH", "EQUALS_MATCH"))
             and not entry.is_global and entry.guard_type not in unsaved
+            and entry.guard_type != "GLOBAL_STATE"
             for entry in entries]
 
 
