@@ -21,6 +21,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 from typing import Callable
+from unittest import mock
 
 import torch
 import torch._inductor
@@ -136,23 +137,8 @@ def kernels_on_timed_configs(device: torch.device):
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(choice, target)
         CompiledTritonKernels.cache_clear()  # kernels by their source, whatever the cache
-        with environ_patched(TORCHINDUCTOR_CACHE_DIR=new, TRITON_CACHE_DIR=triton):
+        with mock.patch.dict(os.environ, TORCHINDUCTOR_CACHE_DIR=new, TRITON_CACHE_DIR=triton):
             yield
-
-
-@contextlib.contextmanager
-def environ_patched(**variables: str):
-    """``os.environ`` with ``variables`` set, as it was afterwards."""
-    before = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def write_bundle(tar_path: Path, files: dict[str, Path]) -> None:
