@@ -64,11 +64,12 @@ class LaneConfig:
     attention_bias: bool = False  # q/k/v/o projections carry biases
     markov_rank: int = 256
     markov_head: MarkovHead = MarkovHead.vanilla
-    # on CUDA, the Markov walk and the block's attention as Triton kernels of our own
-    # (dspark_compile/kernels/). "auto": on where the device, dtype and head support them
-    # (decided when a drafter is made on a device: for_device)
+    # on CUDA, the Markov walk, the block's attention and the GEMMs of a few rows as Triton
+    # kernels of our own (dspark_compile/kernels/). "auto": on where the device, dtype and
+    # head support them (decided when a drafter is made on a device: for_device)
     fused_markov_step: Any = "auto"
     fused_attention: Any = "auto"
+    skinny_gemm: Any = "auto"
     confidence_with_markov: bool = True
     layout: Layout = Layout.anchor_first
     # per layer "full_attention" (all context, the block bidirectional) or
@@ -116,7 +117,8 @@ class LaneConfig:
                  ("confidence_with_markov", isinstance(self.confidence_with_markov, bool),
                   "true or false"),
                  ("fused_markov_step", _switch(self.fused_markov_step), "true, false or auto"),
-                 ("fused_attention", _switch(self.fused_attention), "true, false or auto")]
+                 ("fused_attention", _switch(self.fused_attention), "true, false or auto"),
+                 ("skinny_gemm", _switch(self.skinny_gemm), "true, false or auto")]
         for name, ok, allowed in types:
             if not ok:
                 raise ConfigError(f"lane {self.name!r}: {name}={getattr(self, name)!r}, "
@@ -143,6 +145,9 @@ class LaneConfig:
             (self.fused_attention is not True or self.dtype != "float64", "fused_attention",
              "false or auto with dtype=float64 (the kernel has no float64 path)",
              self.fused_attention),
+            (self.skinny_gemm is not True or self.skinny_gemm_supported, "skinny_gemm",
+             "false or auto unless dtype is bfloat16 or float16 (the kernel's tensor cores)",
+             self.skinny_gemm),
         ]
         for ok, name, allowed, value in checks:
             if not ok:
@@ -162,16 +167,24 @@ class LaneConfig:
         return (self.markov_head is MarkovHead.vanilla and self.dtype == "bfloat16"
                 and self.markov_rank in (16, 32, 64, 128, 256, 512, 1024))
 
+    @property
+    def skinny_gemm_supported(self) -> bool:
+        """Whether the skinny GEMM kernel takes this lane's dtype."""
+        return self.dtype in ("bfloat16", "float16")
+
     def for_device(self, device: torch.device | str) -> "LaneConfig":
         """The lane with its ``auto`` fast paths decided for ``device``: on CUDA where they
-        apply, off elsewhere (on the CPU both paths are the reference ones anyway)."""
+        apply, off elsewhere (on the CPU the paths are the reference ones anyway)."""
         cuda = torch.device(device).type == "cuda"
-        fused, attention = self.fused_markov_step, self.fused_attention
+        fused, attention, skinny = self.fused_markov_step, self.fused_attention, self.skinny_gemm
         if fused == "auto":
             fused = cuda and self.fused_step_supported
         if attention == "auto":
             attention = cuda and self.dtype != "float64"
-        return self.replace(fused_markov_step=fused, fused_attention=attention)
+        if skinny == "auto":
+            skinny = cuda and self.skinny_gemm_supported
+        return self.replace(fused_markov_step=fused, fused_attention=attention,
+                            skinny_gemm=skinny)
 
     @property
     def has_sliding_layers(self) -> bool:

@@ -81,17 +81,21 @@ def test_contradictory_lane_fields_raise_config_error(changes, field):
 
 
 def test_the_fast_paths_are_on_by_default_where_they_apply():
+    def paths(lane):
+        return lane.fused_markov_step, lane.fused_attention, lane.skinny_gemm
+
     lane = lane_config("qwen36_27b")
-    assert (lane.fused_markov_step, lane.fused_attention) == ("auto", "auto")
-    cuda, cpu = lane.for_device("cuda"), lane.for_device("cpu")
-    assert (cuda.fused_markov_step, cuda.fused_attention) == (True, True)
-    assert (cpu.fused_markov_step, cpu.fused_attention) == (False, False)
-    gated = lane_config("tiny", markov_head="gated").for_device("cuda")
-    assert (gated.fused_markov_step, gated.fused_attention) == (False, True)
-    wide = lane_config("tiny", dtype="float64").for_device("cuda")
-    assert (wide.fused_markov_step, wide.fused_attention) == (False, False)
-    off = lane_config("tiny", fused_markov_step=False, fused_attention=False).for_device("cuda")
-    assert (off.fused_markov_step, off.fused_attention) == (False, False)
+    assert paths(lane) == ("auto", "auto", "auto")
+    assert paths(lane.for_device("cuda")) == (True, True, True)
+    assert paths(lane.for_device("cpu")) == (False, False, False)
+    assert paths(lane_config("tiny", markov_head="gated").for_device("cuda")) == (
+        False, True, True)
+    assert paths(lane_config("tiny", dtype="float32").for_device("cuda")) == (
+        False, True, False)
+    assert paths(lane_config("tiny", dtype="float64").for_device("cuda")) == (
+        False, False, False)
+    off = lane_config("tiny", fused_markov_step=False, fused_attention=False, skinny_gemm=False)
+    assert paths(off.for_device("cuda")) == (False, False, False)
 
 
 def test_asking_for_a_fast_path_where_it_does_not_apply_is_an_error():
@@ -99,3 +103,5 @@ def test_asking_for_a_fast_path_where_it_does_not_apply_is_an_error():
         lane_config("tiny", markov_head="rnn", fused_markov_step=True)
     with pytest.raises(ConfigError, match="true, false or auto"):
         lane_config("tiny", fused_attention="sometimes")
+    with pytest.raises(ConfigError, match="skinny_gemm=True"):
+        lane_config("tiny", dtype="float32", skinny_gemm=True)

@@ -1,5 +1,6 @@
 """Kernels of our own, registered as custom ops that every backend keeps in its graph:
-``markov/`` (the Markov walk) and ``attention/`` (the block's attention over the cache).
+``markov/`` (the Markov walk), ``attention/`` (the block's attention over the cache) and
+``linear/`` (GEMMs of a few rows).
 
 The ops register where they first run or are traced, not at import: ``triton_op``
 imports Inductor and Dynamo (seconds), which a process that only loads an ``aoti``
@@ -21,11 +22,12 @@ _registered = False
 
 
 def register() -> None:
-    """Registers ``dspark::markov_walk`` and ``dspark::block_attention`` where they can
-    run, once."""
+    """Registers ``dspark::markov_walk``, ``dspark::block_attention`` and
+    ``dspark::linear`` where they can run, once."""
     global _registered
     if RUNNABLE and not _registered:
         from dspark_compile.kernels.attention import op as _attention  # noqa: F401
+        from dspark_compile.kernels.linear import op as _linear  # noqa: F401
         from dspark_compile.kernels.markov import op as _markov  # noqa: F401
         _registered = True
 

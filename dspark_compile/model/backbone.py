@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from dspark_compile.config import LaneConfig, Layout
 from dspark_compile.kernels.attention import block_attention
 from dspark_compile.model.fused import FusedLinear, keep_part_names
+from dspark_compile.model.linear import Linear, skinny
 from dspark_compile.model.masks import Mask, Span, attention_masks
 from dspark_compile.model.rope import rope_tables
 from dspark_compile.model.vocab import TokenTable
@@ -62,15 +63,17 @@ class Attention(nn.Module):
         bias = lane.attention_bias
         self.sizes = (q, kv, kv)
         self.qkv_proj = FusedLinear(lane.hidden_size, {"q_proj": q, "k_proj": kv, "v_proj": kv},
-                                    bias)
-        self.o_proj = nn.Linear(q, lane.hidden_size, bias=bias)
+                                    bias, skinny(lane))
+        self.o_proj = Linear(q, lane.hidden_size, bias, skinny(lane))
         self.q_norm = RMSNorm(lane.head_dim, lane.rms_norm_eps)
         self.k_norm = RMSNorm(lane.head_dim, lane.rms_norm_eps)
         keep_part_names(self)
 
     def keys_values(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
         """K (normed, rotated) and V ``[R, n, kv_heads, head_dim]`` of rows ``x [R, n, H]``:
-        one GEMM over the K|V rows of the weight."""
+        one GEMM over the K|V rows of the weight. The context append's GEMMs stay off the
+        skinny GEMM: a prefill has a prompt's rows, which ``aoti`` exports as a dynamic
+        size, and the choice of kernel by row count must not depend on it."""
         k, v = F.linear(x, *self.qkv_proj.rows("k_proj")).split(self.sizes[1:], dim=-1)
         return self._rotated(k, v, cos, sin)
 
@@ -130,8 +133,8 @@ class MLP(nn.Module):
         super().__init__()
         size = lane.intermediate_size
         self.gate_up_proj = FusedLinear(lane.hidden_size, {"gate_proj": size, "up_proj": size},
-                                        False)
-        self.down_proj = nn.Linear(lane.intermediate_size, lane.hidden_size, bias=False)
+                                        False, skinny(lane))
+        self.down_proj = Linear(lane.intermediate_size, lane.hidden_size, False, skinny(lane))
         self.act = ACTIVATIONS[lane.hidden_act]
         keep_part_names(self)
 
@@ -166,7 +169,7 @@ class Backbone(nn.Module):
         self.hidden_norm = RMSNorm(lane.hidden_size, lane.rms_norm_eps)
         self.layers = nn.ModuleList(Layer(lane) for _ in range(lane.num_layers))
         self.norm = RMSNorm(lane.hidden_size, lane.rms_norm_eps)
-        self.lm_head = nn.Linear(lane.hidden_size, lane.draft_vocab_size, bias=False)
+        self.lm_head = Linear(lane.hidden_size, lane.draft_vocab_size, False, skinny(lane))
         # every position a cache slot can hold; derived from the lane, so not in checkpoints
         positions = lane.max_context + lane.block_rows + 1
         self.register_buffer("rope_cos", torch.empty(positions, lane.head_dim), persistent=False)

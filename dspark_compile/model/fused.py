@@ -10,13 +10,16 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from dspark_compile.model.linear import Linear
 
-class FusedLinear(nn.Linear):
+
+class FusedLinear(Linear):
     """``parts`` (name -> output features, in row order) as one weight. The module that
     holds it calls :func:`keep_part_names` so that its state dicts name the parts."""
 
-    def __init__(self, in_features: int, parts: dict[str, int], bias: bool):
-        super().__init__(in_features, sum(parts.values()), bias=bias)
+    def __init__(self, in_features: int, parts: dict[str, int], bias: bool,
+                 skinny: bool = False):
+        super().__init__(in_features, sum(parts.values()), bias, skinny)
         self.parts = dict(parts)
 
     def rows(self, first: str) -> tuple[Tensor, Optional[Tensor]]:

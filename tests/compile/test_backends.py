@@ -78,9 +78,29 @@ def test_the_exported_step_calls_the_attention_kernel_in_place_of_sdpa(device,
     assert not any("scaled_dot_product" in str(t) for t in targets)
 
 
-def test_tensorrt_refuses_a_fused_attention_lane(tmp_path):
-    step = DraftStep(random_drafter(lane_config("tiny", fused_attention=True), "cpu"))
-    with pytest.raises(ConfigError, match="fused_attention=false"):
+# gate|up and the lm_head 4096 features wide: enough 64-feature tiles for the skinny GEMM
+SKINNY_LANE = dict(skinny_gemm=True, intermediate_size=2048, target_vocab_size=4096,
+                   draft_vocab_size=4096, mask_token_id=4095)
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor", "aoti"])
+def test_artifacts_of_a_skinny_gemm_lane_are_token_identical(built_artifact, fresh_verify,
+                                                             device, backend):
+    """Bucket 1 (5 block rows): the host path runs the skinny GEMM eagerly for gate|up and
+    the lm_head; inductor and aoti keep the op in their graph and must draft the same
+    bits."""
+    if device.type != "cuda":
+        pytest.skip("the skinny GEMM runs on CUDA (CPU lanes keep F.linear)")
+    artifact = built_artifact(backend, "tiny", buckets=(1,), **SKINNY_LANE)
+    code, report, stderr = fresh_verify(artifact, "temperature=1.0", "rounds=12")
+    assert code == 0, stderr
+    assert report["identical"] and report["tokens_compared"] > 0
+
+
+@pytest.mark.parametrize("field", ["fused_attention", "skinny_gemm"])
+def test_tensorrt_refuses_a_lane_with_a_kernel_of_our_own(tmp_path, field):
+    step = DraftStep(random_drafter(lane_config("tiny", **{field: True}), "cpu"))
+    with pytest.raises(ConfigError, match=f"{field}=false"):
         get_backend("tensorrt").compile(step, {}, tmp_path)
 
 

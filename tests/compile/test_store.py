@@ -50,8 +50,8 @@ def test_layout_and_manifest(artifact, tmp_path):
     assert manifest["env"]["torch"] == torch.__version__ and manifest["k"] == 5
     assert set(manifest["files"]) == {ARTIFACT_WEIGHTS}
     # the key records what "auto" chose on the CPU, not "auto"
-    assert (manifest["lane"]["fused_markov_step"], manifest["lane"]["fused_attention"]) == (
-        False, False)
+    assert [manifest["lane"][field] for field in ("fused_markov_step", "fused_attention",
+                                                  "skinny_gemm")] == [False, False, False]
 
 
 def test_second_build_of_a_key_is_a_cache_hit(artifact, tmp_path):

@@ -1,10 +1,5 @@
 """The fused Markov step (``dspark_compile/kernels/markov/``) against the loop it replaces."""
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -101,15 +96,8 @@ print(json.dumps(report))
 
 
 @pytest.mark.skipif(not kernels.HAS_TRITON, reason=NO_TRITON)
-def test_the_walk_matches_the_loop_in_the_triton_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True,
-                            text=True, timeout=600)
-    if "wrap_triton only works on functions annotated" in result.stderr:
-        pytest.skip("this torch's wrap_triton refuses Triton's interpreted kernels "
-                    "(torch 2.13 runs them); the CUDA tests below check the kernel here")
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+def test_the_walk_matches_the_loop_in_the_triton_interpreter(interpreted_report):
+    report = interpreted_report(INTERPRETED)
     # (programs, tiles per program): the CPU counts as one multiprocessor
     assert report["default"]["resident"] == [True, False], report
     assert report["a tile each"]["grids"] == [[3, 1]] * 2, report

@@ -35,9 +35,11 @@ def _program(out_dir: Path, bucket: int) -> Path:
 
 
 def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
-    if step.drafter.lane.fused_attention:
-        raise ConfigError("backend 'tensorrt' cannot compile the fused attention kernel: "
-                          "build this lane with lane.fused_attention=false")
+    lane = step.drafter.lane
+    for field, kernel in (("fused_attention", "fused attention"), ("skinny_gemm", "skinny GEMM")):
+        if getattr(lane, field):
+            raise ConfigError(f"backend 'tensorrt' cannot compile the {kernel} kernel: build "
+                              f"this lane with lane.{field}=false")
     trt = _torch_tensorrt()
     dtype = step.drafter.lane.torch_dtype
     for bucket, i, n in progress.buckets(examples):

@@ -29,6 +29,12 @@ from torch import Tensor
 from dspark_compile.kernels import register
 
 
+# query rows per program of the merge: a row's merge is a few loads per chunk, so at
+# batch 1 the 64-row blocks of the first kernel left it 8 programs, latency-bound; a row's
+# bits do not depend on which program merges it
+MERGE_ROWS = 16
+
+
 @dataclass(frozen=True)
 class Launch:
     """``chunk`` keys per program of the first kernel, ``block_m`` query rows and

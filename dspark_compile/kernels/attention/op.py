@@ -28,13 +28,16 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, anchor_pos: Tensor, window:
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     anchor_pos = anchor_pos.contiguous()
     lane = dict(KV_HEADS=kv_heads, GROUP=heads // kv_heads, ROWS=n, HEAD_DIM=head_dim,
-                WINDOW=window, CHUNK=shape.chunk, CHUNKS=chunks, BLOCK_M=shape.block_m,
-                ROWS_PAD=partial[2], num_warps=shape.warps)
+                WINDOW=window, CHUNK=shape.chunk, CHUNKS=chunks, ROWS_PAD=partial[2],
+                num_warps=shape.warps)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # fp32 lanes: exact products
     torch.library.wrap_triton(_attend_chunk_kernel)[(chunks, R * kv_heads, row_blocks)](
         q, k, v, anchor_pos, acc, best, total, *strides, CAUSAL=causal, SCALE=scale,
-        BLOCK_N=shape.block_n, PRECISION=precision, num_stages=shape.stages, **lane)
-    torch.library.wrap_triton(_merge_chunks_kernel)[(R * kv_heads, row_blocks)](
-        acc, best, total, anchor_pos, out, *out.stride()[:3], **lane)
+        BLOCK_M=shape.block_m, BLOCK_N=shape.block_n, PRECISION=precision,
+        num_stages=shape.stages, **lane)
+    merge_rows = min(attention.MERGE_ROWS, shape.block_m)  # divides ROWS_PAD
+    torch.library.wrap_triton(_merge_chunks_kernel)[
+        (R * kv_heads, partial[2] // merge_rows)](
+        acc, best, total, anchor_pos, out, *out.stride()[:3], BLOCK_M=merge_rows, **lane)
     return out

@@ -1,0 +1,32 @@
+"""The op ``dspark::linear``, registered on import (see the package docstring): imported by
+:func:`dspark_compile.kernels.register` only, where the kernels can run."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+from torch import Tensor
+
+from dspark_compile.kernels import linear
+from dspark_compile.kernels.linear.kernels import _linear_kernel
+
+
+@torch.library.triton_op("dspark::linear", mutates_args=())
+def linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """``x [M, K] @ weight [N, K]^T (+ bias)``, M <= ``MAX_ROWS``, in x's dtype."""
+    (M, K), N = x.shape, weight.shape[0]
+    shape = linear.launch_shape(M, N, linear.multiprocessors(x.device))
+    if shape is None:
+        raise ValueError(f"dspark::linear: no launch for {M} rows and {N} features")
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    # the kernel takes rows' strides and reads each row's K values packed
+    x, weight = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, weight))
+    torch.library.wrap_triton(_linear_kernel)[(triton.cdiv(N, linear.BLOCK_N),)](
+        x, weight, x if bias is None else bias, out, M, N, x.stride(0), weight.stride(0),
+        out.stride(0), K=K, BLOCK_M=max(16, triton.next_power_of_2(M)), BLOCK_N=linear.BLOCK_N,
+        BLOCK_K=shape.block_k, HAS_BIAS=bias is not None,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=shape.warps,
+        num_stages=shape.stages)
+    return out
