@@ -5,9 +5,10 @@ the weight's bytes, and the few rows leave most of a tile idle where the rows ar
 tensor cores' left operand. Here the weight's rows are: a program computes 64 output
 features of every input row (``out^T = W x^T``), with the whole K of each, and as many
 programs run as the features allow, each keeping several tiles of the weight in flight.
-On the H200 this reads the weight at 1.00-1.10x its bytes' time where cuBLAS took
-1.0-1.3x (``bench/results/issue27_h200/skinny_gemm/``); where the output is narrow (fewer
-than 64 programs) cuBLAS's split-K is faster and stays.
+On the H200 the 27B lane's lm_head, gate|up and down read at 0.95-1.10x their bytes'
+time where cuBLAS took 1.03-1.21x; Q|K|V and o tie with it
+(``bench/results/issue27_h200/skinny_gemm/``). Where the output is narrow (fewer than 64
+programs) cuBLAS's split-K is faster and stays.
 
 Every path of a lane with ``skinny_gemm`` (the host path, the eager device path, the
 compiled backends) runs the same launch for the same shapes, so they share its bits; a
@@ -44,8 +45,9 @@ def launch_shape(rows: int, features: int, sms: int) -> Optional[Launch]:
     """The launch for ``rows`` input rows and ``features`` outputs on ``sms``
     multiprocessors, or None where cuBLAS is faster. Where the programs outnumber the
     multiprocessors several share one, each with three tiles of 128 columns in flight;
-    where they do not, each keeps five tiles of 256 columns in flight alone. The fastest
-    of 16 launches at both real lanes' batch-1 shapes on the H200."""
+    where they do not, each keeps five tiles of 256 columns in flight alone. Of the
+    launches timed on the H200 at both real lanes' batch-1 shapes, each is the fastest or
+    within 4% of it."""
     programs = -(-features // BLOCK_N)
     if rows > MAX_ROWS or programs < 64:
         return None
