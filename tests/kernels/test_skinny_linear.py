@@ -90,7 +90,7 @@ POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": 
 
 
 @pytest.mark.skipif(not kernels.HAS_TRITON, reason=NO_TRITON)
-@pytest.mark.parametrize("features", [6144, 34816])  # one launch each (fewer / more programs
+@pytest.mark.parametrize("features", [6144, 34816])  # one launch each: fewer, more programs
 def test_the_kernel_compiles_for_the_h200_without_register_spills(features, ptxas_for_h200):
     """sm_90, 16 rows, both launches the op picks on 132 multiprocessors."""
     from dspark_compile.kernels import linear
