@@ -52,11 +52,13 @@ def profile_backend(drafter: Drafter, backend: str, prompt: RoundInputs, decode:
         "check": lambda: runner._check(decode, slots),
         "replay": lambda: runner._calls[bucket](),
         "copy_in": lambda: copy_into(runner._inputs[bucket],
-                                     runner._with_defaults(decode).tensors()),
+                                     runner._with_defaults(decode).tensors(),
+                                     runner._input_bytes[bucket]),
     }
     with torch.no_grad():
         timed = {name: time_ms(fn, device, args.repeats, warmup=5)
                  for name, fn in phases.items()}
+    timed["host_work"] = timed["round"] - timed["replay"]  # all but the graph's replay
     activities = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * (device.type == "cuda")
     with profile(activities=activities) as prof:
         runner.draft(decode, slots)

@@ -13,6 +13,20 @@
 
 namespace dspark {
 
+namespace {
+
+// The step's outputs with its first three (ids, confidences, the rules vector) as one byte
+// tensor: on a GPU a round downloads them in one copy instead of one each.
+std::vector<at::Tensor> packed(std::vector<at::Tensor> outputs) {
+  std::vector<at::Tensor> bytes;
+  for (size_t i = 0; i < 3; ++i) bytes.push_back(outputs[i].reshape({-1}).view(at::kByte));
+  outputs.erase(outputs.begin(), outputs.begin() + 3);
+  outputs.insert(outputs.begin(), at::cat(bytes));
+  return outputs;
+}
+
+}  // namespace
+
 Capture::Capture(const c10::Device& device) : device_(device) {
 #ifdef DSPARK_CUDA
   if (device_.is_cuda()) pool_ = at::cuda::graph_pool_handle();  // buckets share memory
@@ -24,7 +38,7 @@ Call Capture::bind(Loader& loader, std::vector<at::Tensor> args) {
     for (int i = 0; i < 3; ++i) loader.run(args);
     auto outputs = std::make_shared<std::vector<at::Tensor>>();
     return [&loader, args, outputs]() -> const std::vector<at::Tensor>& {
-      *outputs = loader.run(args);
+      *outputs = packed(loader.run(args));
       return *outputs;
     };
   }
@@ -40,7 +54,7 @@ Call Capture::bind(Loader& loader, std::vector<at::Tensor> args) {
     for (int i = 0; i < 3; ++i) loader.run(args, side.stream());
     side.synchronize();
     graph->capture_begin(pool_);
-    *outputs = loader.run(args, side.stream());
+    *outputs = packed(loader.run(args, side.stream()));
     graph->capture_end();
   }
   return [graph, outputs]() -> const std::vector<at::Tensor>& {

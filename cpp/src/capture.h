@@ -26,7 +26,8 @@ class Capture {
   // on whatever they hold then. Runs it three times first (lazy initialisation: cuBLAS
   // handles, workspaces); on CUDA it then records the call as one CUDA graph, sharing one
   // memory pool with this Capture's other graphs, and each call replays it and returns the
-  // same output tensors.
+  // same output tensors. The step's ids, confidences and rules vector come back as one byte
+  // tensor (the first output), the rest after it.
   Call bind(Loader& loader, std::vector<at::Tensor> args);
 
   // Host buffers the outputs are copied to: pinned on CUDA, so the copies run asynchronously.

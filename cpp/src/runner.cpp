@@ -125,7 +125,7 @@ struct Runner::State {
   int64_t capacity;  // the largest anchor position (the context capacity)
   std::map<int64_t, std::vector<at::Tensor>> inputs;  // bucket -> the step's input buffers
   std::map<int64_t, Call> calls;                      // bucket -> its bound step
-  std::map<int64_t, std::vector<at::Tensor>> host;    // bucket -> ids, confidences, rules
+  std::map<int64_t, std::vector<at::Tensor>> host;    // bucket -> bytes, ids, confidences, rules
   std::map<int64_t, std::pair<at::Tensor, at::Tensor>> defaults;  // requests -> T, seed zeros
   std::map<int64_t, int64_t> rows;  // slot -> cache row; rows 0..size-1 are taken
   int64_t next_slot = 0;
@@ -205,9 +205,13 @@ Runner::Runner(const std::string& artifact_dir, c10::Device device_in) {
     std::vector<at::Tensor> args = {s.k_cache.narrow(0, 0, bucket), s.v_cache.narrow(0, 0, bucket)};
     args.insert(args.end(), s.inputs[bucket].begin(), s.inputs[bucket].end());
     s.calls[bucket] = s.capture.bind(*s.loaders[bucket], args);
-    s.host[bucket] = {s.capture.host_buffer({bucket, lane.k}, at::kLong),
-                      s.capture.host_buffer({bucket, lane.k}, at::kFloat),
-                      s.capture.host_buffer({static_cast<int64_t>(std::size(kRules))}, at::kBool)};
+    // one byte buffer for the one download, and the ids, confidences and rules in it
+    const int64_t ids = bucket * lane.k * 8, confidences = bucket * lane.k * 4;
+    const int64_t rules = static_cast<int64_t>(std::size(kRules));
+    const at::Tensor bytes = s.capture.host_buffer({ids + confidences + rules}, at::kByte);
+    s.host[bucket] = {bytes, bytes.narrow(0, 0, ids).view(at::kLong).view({bucket, lane.k}),
+                      bytes.narrow(0, ids, confidences).view(at::kFloat).view({bucket, lane.k}),
+                      bytes.narrow(0, ids + confidences, rules).view(at::kBool)};
   }
 }
 
@@ -361,10 +365,10 @@ DraftOutput Runner::draft(const at::Tensor& features, const at::Tensor& num_new,
   copy_into(buffers, inputs);
   const std::vector<at::Tensor>& outputs = s.calls.at(bucket)();
   const std::vector<at::Tensor>& host = s.host.at(bucket);
-  for (size_t i = 0; i < host.size(); ++i) host[i].copy_(outputs[i], /*non_blocking=*/true);
+  host[0].copy_(outputs[0], /*non_blocking=*/true);
   s.capture.synchronize();
-  check_rules(host[2], lane, s.capacity, features, num_new, anchor, anchor_pos, temperature, seed);
-  return DraftOutput{host[0].index_select(0, index), host[1].index_select(0, index)};
+  check_rules(host[3], lane, s.capacity, features, num_new, anchor, anchor_pos, temperature, seed);
+  return DraftOutput{host[1].index_select(0, index), host[2].index_select(0, index)};
 }
 
 std::vector<int64_t> Runner::slots() const {

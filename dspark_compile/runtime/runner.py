@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import dataclasses
 import threading
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -18,7 +17,7 @@ from dspark_compile.draft.checks import RULES, check_input_shapes, check_rules, 
 from dspark_compile.draft.inputs import greedy_defaults
 from dspark_compile.errors import InputError, RunnerBusyError
 from dspark_compile.model import Drafter
-from dspark_compile.runtime.capture import bind, copy_into
+from dspark_compile.runtime.capture import bind, byte_views, copy_into, packed
 
 
 class Runner:
@@ -34,8 +33,9 @@ class Runner:
 
     Each bucket's step is bound to fixed buffers (the first rows of the cache and six
     input tensors): a round copies its inputs in and, on a GPU, replays one CUDA graph
-    captured here around the backend's step. Only ids and confidences come back to the host,
-    through pinned buffers; the tensors ``draft`` returns are the caller's to keep.
+    captured here around the backend's step. Only ids, confidences and the rules vector come
+    back to the host, packed on the device into one copy to a pinned buffer; the tensors
+    ``draft`` returns are the caller's to keep.
     A round whose features do not have k+1 rows (a prompt) is first appended eagerly
     (prefill), then the bound step runs with no new rows.
 
@@ -60,18 +60,27 @@ class Runner:
         pinned = device.type == "cuda"
         pool = torch.cuda.graph_pool_handle() if capture else None  # buckets share memory
         self._inputs: dict[int, tuple[Tensor, ...]] = {}
+        self._input_bytes: dict[int, list[Tensor]] = {}
         self._calls: dict[int, Callable[[], tuple[Tensor, ...]]] = {}
-        self._host: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
+        # per bucket: one pinned byte buffer, and the ids, confidences and rules kept in it
+        self._host: dict[int, tuple[Tensor, Tensor, Tensor, Tensor]] = {}
         self._defaults: dict[int, tuple[Tensor, Tensor]] = {}  # requests -> (T, seed) zeros
         with torch.no_grad():
             for bucket in self.buckets:
                 self._inputs[bucket] = self._inert(bucket)
+                self._input_bytes[bucket] = byte_views(self._inputs[bucket])
                 args = (self.cache.k[:bucket], self.cache.v[:bucket], *self._inputs[bucket])
-                self._calls[bucket] = bind(steps[bucket], args, capture, pool)
-                self._host[bucket] = (
-                    torch.empty(bucket, self.lane.k, dtype=torch.long, pin_memory=pinned),
-                    torch.empty(bucket, self.lane.k, dtype=torch.float32, pin_memory=pinned),
-                    torch.empty(len(RULES), dtype=torch.bool, pin_memory=pinned))
+                # ids, confidences and the rules kept come back in one download
+                self._calls[bucket] = bind(packed(steps[bucket], 3), args, capture, pool)
+                self._host[bucket] = self._downloads(bucket, pinned)
+
+    def _downloads(self, bucket: int, pinned: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        k = self.lane.k
+        sizes = (bucket * k * 8, bucket * k * 4, len(RULES))  # int64, float32, bool
+        host = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=pinned)
+        ids, confidences, kept = host.split(sizes)
+        return (host, ids.view(torch.long).view(bucket, k),
+                confidences.view(torch.float32).view(bucket, k), kept.view(torch.bool))
 
     def _inert(self, bucket: int) -> tuple[Tensor, ...]:
         lane, device = self.lane, self.device
@@ -153,20 +162,19 @@ class Runner:
         """One round for ``slots``: ids and confidences on the host, in the order of
         ``slots`` (q, when the artifact has it, stays on the device)."""
         with self._exclusive():
-            self._check(inputs, slots)
+            rows = self._check(inputs, slots)
             inputs = self._with_defaults(inputs)
-            rows = [self._row(s) for s in slots]
             if rows == list(range(self.bucket(len(self._rows)))):
-                full = inputs  # the whole bucket in row order: nothing to lay out
-            else:
-                full, _ = self.layout(inputs, slots)
-            return self._run(full, inputs).select(torch.tensor(rows))
+                # the whole bucket in row order: nothing to lay out or pick
+                return self._run(inputs, inputs, None)
+            full, _ = self.layout(inputs, slots)
+            return self._run(full, inputs, torch.tensor(rows))
 
-    def _check(self, inputs: RoundInputs, slots: Sequence[int]) -> None:
+    def _check(self, inputs: RoundInputs, slots: Sequence[int]) -> list[int]:
+        """The slots' rows, once the slots and the inputs' shapes are checked."""
         if not isinstance(slots, Sequence) or not slots:
             raise InputError("slots", repr(slots), "a non-empty sequence of admitted slots")
-        for slot in slots:
-            self._row(slot)
+        rows = [self._row(slot) for slot in slots]
         if len(set(slots)) != len(slots):
             raise InputError("slots", f"{list(slots)} repeats a slot", "distinct slots")
         features = inputs.features
@@ -176,6 +184,7 @@ class Runner:
                              "one row per slot")
         # shapes here, values by the step itself (_run)
         check_input_shapes(self.lane, inputs, self.cache.k.device)
+        return rows
 
     def _with_defaults(self, inputs: RoundInputs) -> RoundInputs:
         """``inputs`` with a default temperature and seed (zeros) that the runner keeps, so
@@ -186,14 +195,17 @@ class Runner:
         if rows not in self._defaults:
             self._defaults[rows] = greedy_defaults(rows, self.device)
         temperature, seed = self._defaults[rows]
-        return dataclasses.replace(
-            inputs, temperature=temperature if inputs.temperature is None else inputs.temperature,
-            seed=seed if inputs.seed is None else inputs.seed)
+        return RoundInputs(
+            inputs.features, inputs.num_new, inputs.anchor, inputs.anchor_pos,
+            temperature if inputs.temperature is None else inputs.temperature,
+            seed if inputs.seed is None else inputs.seed)
 
-    def _run(self, full: RoundInputs, inputs: RoundInputs) -> DraftOutput:
-        """One bucket-sized round ``full`` that holds the caller's ``inputs``; every output
-        on the host except q. A round whose values break a rule of ``round_rules`` raises
-        after it ran inert, so it changed no context."""
+    def _run(self, full: RoundInputs, inputs: RoundInputs, rows: Optional[Tensor]
+             ) -> DraftOutput:
+        """One bucket-sized round ``full`` that holds the caller's ``inputs`` at the cache
+        rows ``rows`` (None: all of them, in order); every output on the host except q.
+        A round whose values break a rule of ``round_rules`` raises after it ran inert, so
+        it changed no context."""
         bucket, slots = full.features.shape[0], self.cache.k.shape[-2]
         static = self._inputs[bucket]
         tensors = full.tensors()
@@ -203,14 +215,16 @@ class Runner:
             self.drafter.append_context(self.cache.k[:bucket], self.cache.v[:bucket],
                                         *tensors[:2], full.anchor_pos)
             tensors = (static[0], torch.zeros_like(full.num_new), *tensors[2:])
-        copy_into(static, tensors)
+        copy_into(static, tensors, self._input_bytes[bucket])
         outputs = self._calls[bucket]()
-        host = self._host[bucket]
-        for buffer, tensor in zip(host, outputs):
-            buffer.copy_(tensor, non_blocking=True)
+        host, ids, confidences, kept = self._host[bucket]
+        host.copy_(outputs[0], non_blocking=True)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
-        ids, confidences, kept = host
         check_rules(self.lane, slots, inputs, kept.tolist())
-        probs = outputs[3].clone() if len(outputs) > 3 else None
-        return DraftOutput(ids, confidences, probs)
+        probs = outputs[1] if len(outputs) > 1 else None
+        if rows is None:  # copies: the buffers are the next round's
+            return DraftOutput(ids.clone(), confidences.clone(),
+                               None if probs is None else probs.clone())
+        return DraftOutput(ids[rows], confidences[rows],
+                           None if probs is None else probs[rows.to(probs.device)])

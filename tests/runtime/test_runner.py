@@ -362,6 +362,22 @@ def test_a_decode_round_is_one_cuda_graph_replay(runner, device):
     assert graphs == 1
 
 
+def test_a_decode_round_downloads_once(runner, device):
+    """ids, confidences and the rules kept come back in one device-to-host copy."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if device.type != "cuda":
+        pytest.skip("downloads are device-to-host copies on a GPU only")
+    slots = [runner.admit() for _ in range(2)]
+    prompt, decode = list(synthetic_rounds(runner.lane, 2, 16, 2, 0, device))
+    runner.draft(prompt, slots)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        runner.draft(decode, slots)
+        torch.cuda.synchronize(device)
+    copies = [e.name for e in prof.events() if "DtoH" in e.name]
+    assert len(copies) == 1, copies
+
+
 @pytest.fixture
 def two_buckets(tmp_path):
     """An eager artifact with buckets 1 and 2, of its own (safe to damage)."""
