@@ -170,6 +170,15 @@ class Runner:
             full, _ = self.layout(inputs, slots)
             return self._run(full, inputs, torch.tensor(rows))
 
+    @torch.no_grad()
+    def replay(self, batch: int) -> None:
+        """The bound step of ``batch``'s bucket alone, on what its buffers hold (the
+        bucket's last round, again: the same rows at the same positions): one CUDA-graph
+        replay on a GPU, no inputs copied in, nothing downloaded. What a round costs on the
+        device, for timing against :meth:`draft`."""
+        with self._exclusive():
+            self._calls[self.bucket(batch)]()
+
     def _check(self, inputs: RoundInputs, slots: Sequence[int]) -> list[int]:
         """The slots' rows, once the slots and the inputs' shapes are checked."""
         if not isinstance(slots, Sequence) or not slots:

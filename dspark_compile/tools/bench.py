@@ -14,14 +14,14 @@ from dspark_compile.compile.key import environment
 from dspark_compile.model import Drafter
 from dspark_compile.runtime import load_runner
 from dspark_compile.tools.commands import BenchConfig, make_drafter
-from dspark_compile.tools.compare import HOST, Comparison
+from dspark_compile.tools.compare import HOST, Comparison, runtime_path
 from dspark_compile.tools.report import print_table, write
 from dspark_compile.tools.roofline import measure_ceilings, round_floor
 from dspark_compile.tools.rounds import synthetic_rounds
 from dspark_compile.tools.timing import launches, time_ms
 
-COLUMNS = ("lane", "batch", "path", "ms", "vs_host", "floor_ms", "vs_floor", "d2h_bytes",
-           "graphs", "kernels", "identical", "near_ties")
+COLUMNS = ("lane", "batch", "path", "ms", "replay_ms", "vs_host", "floor_ms", "vs_floor",
+           "d2h_bytes", "graphs", "kernels", "identical", "near_ties")
 
 
 def significant(x: float) -> float:
@@ -60,8 +60,12 @@ def run_bench(drafter: Drafter, backends: list[str], buckets: list[int], context
             # greedy picks that a one-ulp change of a bf16 logit could flip: where a path
             # that sums in another order (the fused Markov step) could differ, if anywhere
             near_ties = int(reference.near_ties[requests].sum())
+            runner_of = {runtime_path(b): r for b, r in comparison.runners.items()}
             for name, call in calls.items():
                 ms = time_ms(call, device, repeats, warmup)
+                # a runner's round less its step alone: the host's part of the round
+                replay = (significant(time_ms(lambda: runner_of[name].replay(batch), device,
+                                              repeats, warmup)) if name in runner_of else None)
                 out = call()
                 identical = ("reference" if name == HOST else
                              comparison.agreement[name].check(out, reference, requests))
@@ -69,7 +73,7 @@ def run_bench(drafter: Drafter, backends: list[str], buckets: list[int], context
                        else batch * lane.k * 12)  # int64 ids and float32 confidences
                 graphs, kernels = launches(call, device)  # after timing: the profiler costs
                 rows.append(dict(lane=lane.name, batch=batch, path=name, ms=significant(ms),
-                                 vs_host=None, vs_floor=significant(ms / floor.ms),
+                                 replay_ms=replay, vs_host=None, vs_floor=significant(ms / floor.ms),
                                  identical=identical, near_ties=near_ties, d2h_bytes=d2h,
                                  graphs=graphs, kernels=kernels,
                                  floor_ms=significant(floor.ms), floor_bytes=floor.bytes,

@@ -51,6 +51,8 @@ def test_bench_times_every_path_and_writes_json_and_png(tmp_path, device):
     for r in rows:
         assert r["identical"] and r["ms"] > 0 and r["floor_ms"] > 0
         assert r["vs_floor"] == pytest.approx(r["ms"] / r["floor_ms"], rel=0.02)
+        # the step alone: timed for the runner's rows only
+        assert (r["replay_ms"] > 0) if r["path"] == "runtime (eager)" else r["replay_ms"] is None
     assert [r["d2h_bytes"] for r in rows if r["path"] != "host"] == [60, 60, 120, 120]
     assert result["ceilings"]["bandwidth"] > 0 and result["ceilings"]["matmul"] > 0
     json_path, png_path = write(result, tmp_path, "bench")
