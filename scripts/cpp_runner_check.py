@@ -74,7 +74,7 @@ def main() -> None:
             same &= torch.equal(out.confidences, drafted[f"b{bucket}.r{index}.confidences"])
         python_us = wall_us(lambda: runner.draft(inputs[-1], slots), device, args.repeats)
         # the bucket's bound step alone: its graph's replay, as both runtimes launch it
-        graph_us = wall_us(runner._calls[bucket], device, args.repeats)
+        graph_us = wall_us(lambda: runner.replay(batch), device, args.repeats)
         cpp_us = json.loads(metadata[f"b{bucket}.draft_us"])
         medians = {name: statistics.median(times) for name, times in
                    (("python_round_us", python_us), ("cpp_round_us", cpp_us),

@@ -50,7 +50,7 @@ def profile_backend(drafter: Drafter, backend: str, prompt: RoundInputs, decode:
     phases = {
         "round": lambda: runner.draft(decode, slots),
         "check": lambda: runner._check(decode, slots),
-        "replay": lambda: runner._calls[bucket](),
+        "replay": lambda: runner.replay(args.batch),
         "copy_in": lambda: copy_into(runner._inputs[bucket],
                                      runner._with_defaults(decode).tensors(),
                                      runner._input_bytes[bucket]),
