@@ -26,7 +26,8 @@ def test_the_fused_step_is_refused_where_the_kernel_does_not_apply(changes):
 # W2's rows and the base logits repeat inside the first tile, and their second half repeats
 # the first, so rows meet exact ties inside tiles, across tiles and across programs, which
 # the lowest index must win. Odd rows sample at T = 0.8. Three launches: the op's own (all
-# k steps in one resident launch up to 16 rows, a launch per step past them), one tile per
+# k steps in one resident launch up to 16 rows, a launch per step past them, which walks
+# its programs' runs backwards at odd steps: ties met in both orders), one tile per
 # program, and runs of three tiles (the last program's run cut short). The interpreter
 # cannot load bf16 from CPU memory, so the kernel gets fp32 copies of the bf16 values (the
 # same numbers). Triton 3.6's interpreter truncates fp32 -> bf16 (the GPU's cvt.rn rounds
@@ -136,9 +137,12 @@ def test_the_kernel_compiles_for_the_h200_without_register_spills(lane_name, row
     constants = dict(R=rows, K=lane.k, RANK=lane.markov_rank, R_PAD=launch.rows,
                      BLOCK=launch.block, RUN=run, PROGRAMS=programs,
                      PARTS=markov.launch.reduction_chunk(launch, programs), HAS_D2T=True)
-    report = ptxas_for_h200(kernel, POINTERS, aligned, constants, launch.warps, launch.stages)
-    assert report.returncode == 0, report.stderr
-    assert " 0 bytes spill stores" in report.stderr, report.stderr
+    # a streaming launch walks its tiles forwards or backwards (every other step)
+    for reverse in (False,) if launch.resident else (False, True):
+        report = ptxas_for_h200(kernel, POINTERS, aligned, dict(constants, REVERSE=reverse),
+                                launch.warps, launch.stages)
+        assert report.returncode == 0, report.stderr
+        assert " 0 bytes spill stores" in report.stderr, report.stderr
 
 
 if kernels.HAS_TRITON:

@@ -4,10 +4,11 @@ Two kernels, one arithmetic. Where W2 is larger than the GPU's shared memory (th
 lane's 127 MB) each step is one launch (``_markov_step_kernel``) that streams W2: its
 programs split the draft vocabulary into runs of tiles, and the last program to finish
 (an atomic count) reduces the programs' bests and writes the id the next launch reads as
-its ``prev``. Where W2 fits (the 35B-A3B lane's 16 MB over 125 programs) one launch walks
-all k steps (``_markov_walk_kernel``): each program reads its tile of W2 once and keeps it
-in shared memory, and between steps every program waits until all have published their
-bests, then reduces them itself.
+its ``prev``. Odd steps walk each run backwards, so that a step starts on the tiles the
+step before ended with, which are still in L2. Where W2 fits (the 35B-A3B lane's 16 MB
+over 125 programs) one launch walks all k steps (``_markov_walk_kernel``): each program
+reads its tile of W2 once and keeps it in shared memory, and between steps every program
+waits until all have published their bests, then reduces them itself.
 
 Per tile, a program multiplies the ``W1[prev]`` rows it gathered once against the tile of
 W2 on the tensor cores, rounds the bias to bf16, adds the step's base row and rounds again

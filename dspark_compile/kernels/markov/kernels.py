@@ -8,24 +8,21 @@ from dspark_compile.kernels.markov.tiles import (_base_tile, _merge, _mix, _publ
 
 
 @triton.jit
-def _markov_step_kernel(w1_ptr, w2_ptr, base_ptr, anchor_ptr, temperature_ptr, seed_ptr,
-                        position_ptr, d2t_ptr, best_ptr, index_ptr, count_ptr, ids_ptr,
-                        R, V, k, base_stride, step, RANK: tl.constexpr,
-                        R_PAD: tl.constexpr, BLOCK: tl.constexpr, RUN: tl.constexpr,
-                        PROGRAMS: tl.constexpr, PARTS: tl.constexpr,
-                        HAS_D2T: tl.constexpr):
-    # One step: this program's run of RUN tiles of W2, streamed.
+def _run_tile(program, nth, RUN: tl.constexpr, REVERSE: tl.constexpr):
+    # the nth tile of a program's run
+    return program * RUN + ((RUN - 1 - nth) if REVERSE else nth)
+
+@triton.jit
+def _streamed_bests(w1_ptr, w2_ptr, base_ptr, prev, t, hot, any_hot, key, rows, row_ok, V,
+                    base_stride, step, RANK: tl.constexpr, R_PAD: tl.constexpr,
+                    BLOCK: tl.constexpr, RUN: tl.constexpr, REVERSE: tl.constexpr):
+    # One step of this program's run of RUN tiles of W2, streamed in column order or, with
+    # REVERSE (every other step), backwards: a step then starts on the tiles the last one
+    # ended with, which are still in L2. Its (best, first column) per request.
     program = tl.program_id(0)
-    rows = tl.arange(0, R_PAD)
-    row_ok = rows < R
-    # prev: the anchor at step 0, else the id the previous launch wrote
-    prev = tl.load(anchor_ptr + rows, mask=row_ok & (step == 0), other=0)
-    prev += tl.load(ids_ptr + rows * k + step - 1, mask=row_ok & (step > 0), other=0)
     # W1[prev], once per program: every tile multiplies it
     e = tl.load(w1_ptr + prev[:, None] * RANK + tl.arange(0, RANK)[None, :],
                 mask=row_ok[:, None], other=0.0)
-    t, hot, any_hot, key = _row_inputs(temperature_ptr, seed_ptr, position_ptr, rows,
-                                       row_ok)
     base_row_ptr = base_ptr + rows * base_stride + step * V
     row_key = _mix(key ^ step)
     best = tl.full((R_PAD,), float("-inf"), tl.float64)
@@ -36,24 +33,47 @@ def _markov_step_kernel(w1_ptr, w2_ptr, base_ptr, anchor_ptr, temperature_ptr, s
     top_col = tl.zeros((R_PAD, BLOCK), tl.int32)
     # The base tile is loaded one tile ahead: Triton's pipeline prefetches only the
     # loads that feed tl.dot, and this one would otherwise stall every tile.
-    next_base = _base_tile(base_row_ptr, program * RUN, V, row_ok, BLOCK)
+    next_base = _base_tile(base_row_ptr, _run_tile(program, 0, RUN, REVERSE), V, row_ok,
+                           BLOCK)
     for nth in range(RUN):  # a run of RUN tiles; any past the vocabulary is all masked
-        tile = program * RUN + nth
+        tile = _run_tile(program, nth, RUN, REVERSE)
         base = next_base
-        next_base = _base_tile(base_row_ptr, tile + 1, V, row_ok & (nth + 1 < RUN), BLOCK)
+        next_base = _base_tile(base_row_ptr, _run_tile(program, nth + 1, RUN, REVERSE), V,
+                               row_ok & (nth + 1 < RUN), BLOCK)
         cols = tile * BLOCK + tl.arange(0, BLOCK)
         w2 = tl.load(w2_ptr + cols[:, None] * RANK + tl.arange(0, RANK)[None, :],
                      mask=(cols < V)[:, None], other=0.0)
         bias = _round_bf16(tl.dot(e, tl.trans(w2), out_dtype=tl.float32))
         z = _tile_values(bias, base, tile, V, BLOCK)
-        ahead = z > top  # tiles come in column order: a tie keeps the earlier column
+        # a tie keeps the lower column: the earlier tile, or the later one backwards
+        ahead = (z >= top) if REVERSE else (z > top)
         top = tl.where(ahead, z, top)
         top_col = tl.where(ahead, cols[None, :], top_col)
         best, index = _sampled_update(best, index, z, tile, V, t, hot, any_hot, row_key,
-                                      BLOCK)
+                                      BLOCK, REVERSE)
     greedy = tl.max(top, axis=1)
-    best, index = _merge(hot, best, index, greedy,
-                         tl.min(tl.where(top == greedy[:, None], top_col, V), axis=1))
+    return _merge(hot, best, index, greedy,
+                  tl.min(tl.where(top == greedy[:, None], top_col, V), axis=1))
+
+@triton.jit
+def _markov_step_kernel(w1_ptr, w2_ptr, base_ptr, anchor_ptr, temperature_ptr, seed_ptr,
+                        position_ptr, d2t_ptr, best_ptr, index_ptr, count_ptr, ids_ptr,
+                        R, V, k, base_stride, step, RANK: tl.constexpr,
+                        R_PAD: tl.constexpr, BLOCK: tl.constexpr, RUN: tl.constexpr,
+                        PROGRAMS: tl.constexpr, PARTS: tl.constexpr,
+                        HAS_D2T: tl.constexpr, REVERSE: tl.constexpr):
+    # One step, one launch: the last program to finish reduces it
+    program = tl.program_id(0)
+    rows = tl.arange(0, R_PAD)
+    row_ok = rows < R
+    # prev: the anchor at step 0, else the id the previous launch wrote
+    prev = tl.load(anchor_ptr + rows, mask=row_ok & (step == 0), other=0)
+    prev += tl.load(ids_ptr + rows * k + step - 1, mask=row_ok & (step > 0), other=0)
+    t, hot, any_hot, key = _row_inputs(temperature_ptr, seed_ptr, position_ptr, rows,
+                                       row_ok)
+    best, index = _streamed_bests(w1_ptr, w2_ptr, base_ptr, prev, t, hot, any_hot, key, rows,
+                                  row_ok, V, base_stride, step, RANK, R_PAD, BLOCK, RUN,
+                                  REVERSE)
     _publish(best, index, best_ptr, index_ptr, rows, program, PROGRAMS)
     # The last program to count itself reduces the step (the pattern of Inductor's grid
     # barrier: a CTA barrier, then a release / acquire atomic).
@@ -100,7 +120,7 @@ def _markov_walk_kernel(w1_ptr, w2_ptr, base_ptr, anchor_ptr, temperature_ptr, s
                                       return_indices_tie_break_left=True)
         best, index = _sampled_update(tl.full((R_PAD,), float("-inf"), tl.float64),
                                       tl.zeros((R_PAD,), tl.int32), z, program, V, t, hot,
-                                      any_hot, _mix(key ^ step), BLOCK)
+                                      any_hot, _mix(key ^ step), BLOCK, False)
         best, index = _merge(hot, best, index, greedy, greedy_index + program * BLOCK)
         # Every program reduces the step itself once all have published: no program
         # waits on another's reduction. Bests alternate between two slots by step, as a

@@ -43,6 +43,6 @@ def markov_walk(w1: Tensor, w2: Tensor, base: Tensor, anchor: Tensor, temperatur
     else:
         for step in range(k):
             torch.library.wrap_triton(_markov_step_kernel)[(programs,)](
-                *args, k, base.stride(0), step, RUN=run, **options)
+                *args, k, base.stride(0), step, RUN=run, REVERSE=step % 2 == 1, **options)
     return ids
 

@@ -53,10 +53,12 @@ def _first_max_and_second(a, a_index, a_z, a_second, b, b_index, b_z, b_second):
 
 @triton.jit
 def _base_tile(base_row_ptr, tile, V, row_ok, BLOCK: tl.constexpr):
-    # the step's base logits of one tile's columns
+    # the step's base logits of one tile's columns, read once: first out of L2, which then
+    # keeps more of the W2 tiles that the next step reads first
     cols = tile * BLOCK + tl.arange(0, BLOCK)
     return tl.load(base_row_ptr[:, None] + cols[None, :],
-                   mask=row_ok[:, None] & (cols < V)[None, :], other=0.0)
+                   mask=row_ok[:, None] & (cols < V)[None, :], other=0.0,
+                   eviction_policy="evict_first")
 
 @triton.jit
 def _tile_values(bias, base, tile, V, BLOCK: tl.constexpr):
@@ -67,9 +69,10 @@ def _tile_values(bias, base, tile, V, BLOCK: tl.constexpr):
 
 @triton.jit
 def _sampled_update(best, index, z, tile, V, t, hot, any_hot, row_key,
-                    BLOCK: tl.constexpr):
+                    BLOCK: tl.constexpr, REVERSE: tl.constexpr):
     # The running (best score in float64, its first column) of each sampled request,
-    # updated with one tile's values z; a tie keeps the earlier column.
+    # updated with one tile's values z; a tie keeps the lower column (the new one where
+    # tiles come REVERSE, backwards).
     columns = tl.arange(0, BLOCK)
     cols = tile * BLOCK + columns
     col_ok = cols < V
@@ -98,7 +101,7 @@ def _sampled_update(best, index, z, tile, V, t, hot, any_hot, row_key,
                 hot_index = lead_index
                 hot_best = _gumbel_scores(
                     lead_z, t, _mix(row_key ^ (tile * BLOCK + lead_index).to(tl.uint32)))
-            better = can_win & (hot_best > best)
+            better = can_win & ((hot_best >= best) if REVERSE else (hot_best > best))
             best = tl.where(better, hot_best, best)
             index = tl.where(better, hot_index + tile * BLOCK, index)
     return best, index
