@@ -13,13 +13,23 @@ def _run_tile(program, nth, RUN: tl.constexpr, REVERSE: tl.constexpr):
     return program * RUN + ((RUN - 1 - nth) if REVERSE else nth)
 
 @triton.jit
-def _streamed_bests(w1_ptr, w2_ptr, base_ptr, prev, t, hot, any_hot, key, rows, row_ok, V,
-                    base_stride, step, RANK: tl.constexpr, R_PAD: tl.constexpr,
-                    BLOCK: tl.constexpr, RUN: tl.constexpr, REVERSE: tl.constexpr):
-    # One step of this program's run of RUN tiles of W2, streamed in column order or, with
+def _markov_step_kernel(w1_ptr, w2_ptr, base_ptr, anchor_ptr, temperature_ptr, seed_ptr,
+                        position_ptr, d2t_ptr, best_ptr, index_ptr, count_ptr, ids_ptr,
+                        R, V, k, base_stride, step, RANK: tl.constexpr,
+                        R_PAD: tl.constexpr, BLOCK: tl.constexpr, RUN: tl.constexpr,
+                        PROGRAMS: tl.constexpr, PARTS: tl.constexpr,
+                        HAS_D2T: tl.constexpr, REVERSE: tl.constexpr):
+    # One step: this program's run of RUN tiles of W2, streamed in column order or, with
     # REVERSE (every other step), backwards: a step then starts on the tiles the last one
-    # ended with, which are still in L2. Its (best, first column) per request.
+    # ended with, which are still in L2.
     program = tl.program_id(0)
+    rows = tl.arange(0, R_PAD)
+    row_ok = rows < R
+    # prev: the anchor at step 0, else the id the previous launch wrote
+    prev = tl.load(anchor_ptr + rows, mask=row_ok & (step == 0), other=0)
+    prev += tl.load(ids_ptr + rows * k + step - 1, mask=row_ok & (step > 0), other=0)
+    t, hot, any_hot, key = _row_inputs(temperature_ptr, seed_ptr, position_ptr, rows,
+                                       row_ok)
     # W1[prev], once per program: every tile multiplies it
     e = tl.load(w1_ptr + prev[:, None] * RANK + tl.arange(0, RANK)[None, :],
                 mask=row_ok[:, None], other=0.0)
@@ -52,28 +62,8 @@ def _streamed_bests(w1_ptr, w2_ptr, base_ptr, prev, t, hot, any_hot, key, rows, 
         best, index = _sampled_update(best, index, z, tile, V, t, hot, any_hot, row_key,
                                       BLOCK, REVERSE)
     greedy = tl.max(top, axis=1)
-    return _merge(hot, best, index, greedy,
-                  tl.min(tl.where(top == greedy[:, None], top_col, V), axis=1))
-
-@triton.jit
-def _markov_step_kernel(w1_ptr, w2_ptr, base_ptr, anchor_ptr, temperature_ptr, seed_ptr,
-                        position_ptr, d2t_ptr, best_ptr, index_ptr, count_ptr, ids_ptr,
-                        R, V, k, base_stride, step, RANK: tl.constexpr,
-                        R_PAD: tl.constexpr, BLOCK: tl.constexpr, RUN: tl.constexpr,
-                        PROGRAMS: tl.constexpr, PARTS: tl.constexpr,
-                        HAS_D2T: tl.constexpr, REVERSE: tl.constexpr):
-    # One step, one launch: the last program to finish reduces it
-    program = tl.program_id(0)
-    rows = tl.arange(0, R_PAD)
-    row_ok = rows < R
-    # prev: the anchor at step 0, else the id the previous launch wrote
-    prev = tl.load(anchor_ptr + rows, mask=row_ok & (step == 0), other=0)
-    prev += tl.load(ids_ptr + rows * k + step - 1, mask=row_ok & (step > 0), other=0)
-    t, hot, any_hot, key = _row_inputs(temperature_ptr, seed_ptr, position_ptr, rows,
-                                       row_ok)
-    best, index = _streamed_bests(w1_ptr, w2_ptr, base_ptr, prev, t, hot, any_hot, key, rows,
-                                  row_ok, V, base_stride, step, RANK, R_PAD, BLOCK, RUN,
-                                  REVERSE)
+    best, index = _merge(hot, best, index, greedy,
+                         tl.min(tl.where(top == greedy[:, None], top_col, V), axis=1))
     _publish(best, index, best_ptr, index_ptr, rows, program, PROGRAMS)
     # The last program to count itself reduces the step (the pattern of Inductor's grid
     # barrier: a CTA barrier, then a release / acquire atomic).
