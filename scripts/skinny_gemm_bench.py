@@ -8,6 +8,7 @@ cuBLAS (a prefill's rows are a dynamic size in ``aoti``'s export).
 
     python scripts/skinny_gemm_bench.py --lanes qwen36_27b qwen36_35b_a3b --batches 1 \
         --launch 128x3 128x5 256x3 256x5 --out skinny.json   # BLOCK_K x stages
+    ... --launch 512x3x16x2        # BLOCK_K x stages x features x warps per program
 """
 
 from __future__ import annotations
@@ -58,11 +59,16 @@ def forced(launch: linear.Launch) -> Callable[[Tensor, Tensor], Tensor]:
     return mm
 
 
+def launch_name(launch: linear.Launch) -> str:
+    return f"{launch.block_k}x{launch.stages}x{launch.features}x{launch.warps}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lanes", nargs="+", default=["qwen36_27b", "qwen36_35b_a3b"])
     parser.add_argument("--batches", type=int, nargs="+", default=[1])
-    parser.add_argument("--launch", nargs="*", default=[], help="BLOCK_KxSTAGES, e.g. 256x5")
+    parser.add_argument("--launch", nargs="*", default=[],
+                        help="BLOCK_KxSTAGES[xFEATURESxWARPS], e.g. 256x5 or 256x5x16x2")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     device = torch.device("cuda")
@@ -85,7 +91,7 @@ def main() -> None:
                 us.update({name: time_us(mm, x, weights) for name, mm in launches.items()})
                 floor = nbytes / ceilings.bandwidth * 1e6
                 rows.append(dict(lane=lane.name, batch=batch, gemm=gemm, rows=M, features=N,
-                                 K=K, floor_us=floor, launch=own and f"{own.block_k}x{own.stages}",
+                                 K=K, floor_us=floor, launch=own and launch_name(own),
                                  us=us))
                 print(f"{lane.name} b{batch} {gemm:8} {M:4} x {N:6} x {K:6} floor {floor:7.2f} "
                       + " ".join(f"{name} {t:7.2f} (x{t / floor:.2f})" for name, t in us.items()),

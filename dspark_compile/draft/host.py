@@ -60,8 +60,7 @@ class HostPath:
         d, log = self.drafter, Transfers()
         check_round(d.lane, cache, inputs)
         features, num_new, anchor, anchor_pos, temperature, seed = inputs.tensors()
-        d.append_context(cache.k, cache.v, features, num_new, anchor_pos)
-        h, base_logits = d(cache.k, cache.v, anchor, anchor_pos)
+        h, base_logits = d(cache.k, cache.v, anchor, anchor_pos, features, num_new)
         # f32 is exact for bf16/f16 logits; wider dtypes come down as they are
         base = self._down(base_logits.to(torch.promote_types(base_logits.dtype, torch.float32)),
                           log)

@@ -37,8 +37,7 @@ class DraftStep(nn.Module):
         d = self.drafter
         rules, (num_new, anchor, anchor_pos, temperature, seed) = inert_unless_kept(
             d, k_cache, features, num_new, anchor, anchor_pos, temperature, seed)
-        d.append_context(k_cache, v_cache, features, num_new, anchor_pos)
-        h, base_logits = d(k_cache, v_cache, anchor, anchor_pos)
+        h, base_logits = d(k_cache, v_cache, anchor, anchor_pos, features, num_new)
         ids, prevs, logits = markov_loop(d, h, base_logits, anchor, temperature, seed,
                                          anchor_pos, keep_logits=self.with_probs)
         confidences = d.confidences(h, prevs)

@@ -9,7 +9,8 @@ slot that swallows padding rows. Every shape is static; per-request lengths are 
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +18,7 @@ from torch import Tensor, nn
 
 from dspark_compile.config import LaneConfig, Layout
 from dspark_compile.kernels.attention import block_attention
+from dspark_compile.kernels.linear import MAX_ROWS
 from dspark_compile.model.fused import FusedLinear, keep_part_names
 from dspark_compile.model.linear import Linear, skinny
 from dspark_compile.model.masks import Mask, Span, attention_masks
@@ -45,6 +47,25 @@ class RMSNorm(nn.Module):
         wide = x.to(torch.float64)
         wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * wide.to(x.dtype)
+
+
+# A round's context rows share each layer's Q|K|V GEMM with the block's rows where the
+# block has more rows than the skinny GEMM takes and at most FOLD_ROWS: one launch then
+# reads the weight, which the few rows make the GEMM's cost. On the H200 that took 1.6-5%
+# off the 35B-A3B round's replay at batch 8; at batch 1 (the skinny GEMM's rows) it was no
+# faster, and at 64 requests the separate GEMMs are faster.
+FOLD_ROWS = 128
+
+
+@dataclass(frozen=True)
+class ContextRows:
+    """A round's new context rows ``hidden [R, N, H]`` (fc and hidden_norm of the target's
+    features), their RoPE tables and the cache slots their K/V go to."""
+
+    hidden: Tensor
+    cos: Tensor
+    sin: Tensor
+    slots: Tensor
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -82,19 +103,26 @@ class Attention(nn.Module):
         return apply_rope(self.k_norm(k.view(shape)), cos, sin), v.view(shape)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
-                layer: int, block_slots: Tensor, mask: Mask) -> Tensor:
+                layer: int, block_slots: Tensor, mask: Mask,
+                context: Optional[ContextRows] = None) -> Tensor:
         """Attend the block rows ``x [R, n, H]`` over this layer's cache rows.
 
         The block's own K/V go to its scratch slots first, so one masked attention covers
-        context and block. ``mask`` (:func:`masks.attention_masks`) is shared by the
-        layers of one type.
+        context and block; so do ``context``'s, to their slots, from the same GEMM.
+        ``mask`` (:func:`masks.attention_masks`) is shared by the layers of one type.
         """
         R, n, _ = x.shape
+        slots = block_slots
+        if context is not None:
+            x = torch.cat([context.hidden, x], dim=1)
+            cos, sin = torch.cat([context.cos, cos], dim=1), torch.cat([context.sin, sin], dim=1)
+            slots = torch.cat([context.slots, block_slots], dim=1)
         q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
         k, v = self._rotated(k, v, cos, sin)
-        write_rows(k_cache, layer, block_slots, k)
-        write_rows(v_cache, layer, block_slots, v)
-        q = self.q_norm(q.view(R, n, self.num_heads, self.head_dim))
+        write_rows(k_cache, layer, slots, k)
+        write_rows(v_cache, layer, slots, v)
+        q, cos, sin = q[:, -n:], cos[:, -n:], sin[:, -n:]
+        q = self.q_norm(q.reshape(R, n, self.num_heads, self.head_dim))
         q = apply_rope(q, cos, sin)
         k, v, scale = k_cache[:, layer], v_cache[:, layer], self.head_dim ** -0.5
         if isinstance(mask, Span):
@@ -152,9 +180,10 @@ class Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(lane.hidden_size, lane.rms_norm_eps)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
-                layer: int, block_slots: Tensor, mask: Mask) -> Tensor:
+                layer: int, block_slots: Tensor, mask: Mask,
+                context: Optional[ContextRows] = None) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, layer,
-                               block_slots, mask)
+                               block_slots, mask, context)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -188,9 +217,10 @@ class Backbone(nn.Module):
         """cos, sin ``[R, n, head_dim]`` of integer positions ``[R, n]``."""
         return self.rope_cos[positions], self.rope_sin[positions]
 
-    def append_context(self, k_cache: Tensor, v_cache: Tensor, features: Tensor,
-                       num_new: Tensor, anchor_pos: Tensor) -> None:
-        """Write K/V of the valid rows of ``features [R, N, F]`` at positions s-n .. s-1.
+    def context_rows(self, slots: int, features: Tensor, num_new: Tensor, anchor_pos: Tensor
+                     ) -> ContextRows:
+        """The rows of ``features [R, N, F]`` for positions s-n .. s-1 of caches of
+        ``slots`` slots.
 
         Row i of request r is valid when i < num_new[r]; other rows go to the trash slot
         and are zeroed first, so garbage in padding can never reach a real key.
@@ -199,21 +229,36 @@ class Backbone(nn.Module):
         rows = torch.arange(N, device=features.device)
         valid = rows[None, :] < num_new[:, None]
         positions = anchor_pos[:, None] - num_new[:, None] + rows[None, :]
-        slots = torch.where(valid, positions, k_cache.shape[3] - 1)
         features = torch.where(valid[..., None], features, 0)
-        ctx = self.hidden_norm(self.fc(features))
         cos, sin = self.rope(torch.where(valid, positions, 0))  # padding rows: any position
-        for i, layer in enumerate(self.layers):
-            k, v = layer.self_attn.keys_values(ctx, cos, sin)
-            write_rows(k_cache, i, slots, k)
-            write_rows(v_cache, i, slots, v)
+        return ContextRows(self.hidden_norm(self.fc(features)), cos, sin,
+                           torch.where(valid, positions, slots - 1))
 
-    def forward(self, k_cache: Tensor, v_cache: Tensor, anchor: Tensor, anchor_pos: Tensor
+    def append_context(self, k_cache: Tensor, v_cache: Tensor, features: Tensor,
+                       num_new: Tensor, anchor_pos: Tensor) -> None:
+        """Write K/V of the valid rows of ``features [R, N, F]`` at positions s-n .. s-1
+        (:meth:`context_rows`)."""
+        ctx = self.context_rows(k_cache.shape[3], features, num_new, anchor_pos)
+        for i, layer in enumerate(self.layers):
+            k, v = layer.self_attn.keys_values(ctx.hidden, ctx.cos, ctx.sin)
+            write_rows(k_cache, i, ctx.slots, k)
+            write_rows(v_cache, i, ctx.slots, v)
+
+    def forward(self, k_cache: Tensor, v_cache: Tensor, anchor: Tensor, anchor_pos: Tensor,
+                features: Optional[Tensor] = None, num_new: Optional[Tensor] = None
                 ) -> tuple[Tensor, Tensor]:
-        """Hidden rows ``h [R, k, H]`` and base logits ``U [R, k, V_draft]`` of the block."""
+        """Hidden rows ``h [R, k, H]`` and base logits ``U [R, k, V_draft]`` of the block,
+        after the context rows of ``features`` and ``num_new``, where given, are appended
+        as :meth:`append_context` appends them: in each layer's GEMM of the block's rows
+        where the block has more than ``MAX_ROWS`` rows and at most :data:`FOLD_ROWS`."""
         lane = self.lane
         n = lane.block_rows
         R = anchor.shape[0]
+        context = None
+        if features is not None and MAX_ROWS < R * n <= FOLD_ROWS:
+            context = self.context_rows(k_cache.shape[3], features, num_new, anchor_pos)
+        elif features is not None:
+            self.append_context(k_cache, v_cache, features, num_new, anchor_pos)
         masks = torch.full((R, n - 1), lane.mask_token_id, dtype=torch.long,
                            device=anchor.device)
         ids = torch.cat([anchor[:, None], masks], dim=1)
@@ -222,7 +267,8 @@ class Backbone(nn.Module):
         masks = attention_masks(lane, anchor_pos, k_cache.shape[3])
         x = self.embed_tokens(ids)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, k_cache, v_cache, i, positions, masks[lane.layer_type(i)])
+            x = layer(x, cos, sin, k_cache, v_cache, i, positions, masks[lane.layer_type(i)],
+                      context)
         h = self.norm(x)
         if lane.layout is Layout.one_plus_k:
             h = h[:, 1:]

@@ -97,7 +97,7 @@ def test_the_kernel_compiles_for_the_h200_without_register_spills(features, ptxa
     from dspark_compile.kernels.linear.kernels import _linear_kernel
 
     launch = linear.launch_shape(16, features, 132)
-    constants = dict(K=5120, BLOCK_M=16, BLOCK_N=linear.BLOCK_N, BLOCK_K=launch.block_k,
+    constants = dict(K=5120, BLOCK_M=16, BLOCK_N=launch.features, BLOCK_K=launch.block_k,
                      HAS_BIAS=False, PRECISION="tf32")
     aligned = [name for name in _linear_kernel.arg_names
                if name.endswith(("_ptr", "_stride"))]

@@ -16,6 +16,7 @@ from dspark_compile.checkpoint import empty_drafter, random_drafter
 from dspark_compile.config import lane_config
 from dspark_compile.draft import KVCache
 from dspark_compile.draft.markov import markov_loop
+from dspark_compile.model import backbone
 from dspark_compile.model.masks import attention_masks
 from dspark_compile.tools.rounds import context_needed, synthetic_rounds
 
@@ -94,8 +95,9 @@ def cached_and_recomputed(lane, device):
             for r in range(batch):
                 n, s = int(inputs.num_new[r]), int(inputs.anchor_pos[r])
                 history[r, s - n:s] = inputs.features[r, :n].cpu().double()
-            drafter.append_context(cache.k, cache.v, *inputs.tensors()[:2], inputs.anchor_pos)
-            h, logits = drafter(cache.k, cache.v, inputs.anchor, inputs.anchor_pos)
+            # the draft step's call: the context rows appended inside the layers' GEMMs
+            h, logits = drafter(cache.k, cache.v, inputs.anchor, inputs.anchor_pos,
+                                *inputs.tensors()[:2])
             for r in range(batch):
                 s = int(inputs.anchor_pos[r])
                 h_ref, logits_ref = full_recompute(oracle, history[r, :s],
@@ -111,7 +113,14 @@ def cached_and_recomputed(lane, device):
               "sliding_causal": False, "attention_bias": True, "hidden_act": "gelu_pytorch_tanh"}),
     ("tiny_d2t", {"hidden_act": "gelu", "attention_bias": True}),
 ])
-def test_cached_draft_step_matches_full_recompute(lane_name, changes):
+@pytest.mark.parametrize("fold", [True, False])
+def test_cached_draft_step_matches_full_recompute(lane_name, changes, fold, monkeypatch):
+    """With the context rows in the layers' GEMMs (as at batch 8 of the real lanes), and
+    appended before the block's forward (as at batch 1 and 64)."""
+    if fold:
+        monkeypatch.setattr(backbone, "MAX_ROWS", 0)
+    else:
+        monkeypatch.setattr(backbone, "FOLD_ROWS", 0)
     lane = lane_config(lane_name, dtype="float64", **changes)
     for drafter, inputs, r, h, logits, h_ref, logits_ref in cached_and_recomputed(lane, "cpu"):
         torch.testing.assert_close(h, h_ref, rtol=1e-9, atol=1e-9)

@@ -28,16 +28,16 @@ from torch import Tensor
 from dspark_compile.kernels import register, runs_on
 
 MAX_ROWS = 16  # past 16 rows the tile wastes no MMA and cuBLAS was faster (72-128 rows)
-BLOCK_N = 64  # output features per program: the smallest left operand of sm_90's MMA
 
 
 @dataclass(frozen=True)
 class Launch:
     """``block_k`` columns of K per tile, ``stages`` tiles in flight (Triton's pipeline),
-    ``warps`` per program."""
+    ``features`` output features and ``warps`` per program."""
 
     block_k: int
     stages: int
+    features: int = 64
     warps: int = 4
 
 
@@ -47,8 +47,10 @@ def launch_shape(rows: int, features: int, sms: int) -> Optional[Launch]:
     multiprocessors several share one, each with three tiles of 128 columns in flight;
     where they do not, each keeps five tiles of 256 columns in flight alone. Of the
     launches timed on the H200 at both real lanes' batch-1 shapes, each is the fastest or
-    within 4% of it."""
-    programs = -(-features // BLOCK_N)
+    within 4% of it; programs of 16 or 32 features, which give a narrow output more
+    programs, were no faster than cuBLAS there
+    (``bench/results/issue27_h200/context_fold/``)."""
+    programs = -(-features // 64)
     if rows > MAX_ROWS or programs < 64:
         return None
     return Launch(128, 3) if programs > sms else Launch(256, 5)

@@ -9,8 +9,9 @@ def _linear_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, M, N, x_stride, w_stride, ou
                    K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
     # One program: BLOCK_N output features of every row. The weight's rows are the tensor
-    # cores' left operand (BLOCK_N of them, at least 64) and the few input rows the right
-    # one, so no MMA is wasted on padding rows; the weight streams through the pipeline.
+    # cores' left operand (BLOCK_N of them, 64 in the op's launches) and the few input rows
+    # the right one, so no MMA is wasted on padding rows; the weight streams through the
+    # pipeline.
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)

@@ -23,9 +23,9 @@ def linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     # the kernel takes rows' strides and reads each row's K values packed
     x, weight = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, weight))
-    torch.library.wrap_triton(_linear_kernel)[(triton.cdiv(N, linear.BLOCK_N),)](
+    torch.library.wrap_triton(_linear_kernel)[(triton.cdiv(N, shape.features),)](
         x, weight, x if bias is None else bias, out, M, N, x.stride(0), weight.stride(0),
-        out.stride(0), K=K, BLOCK_M=max(16, triton.next_power_of_2(M)), BLOCK_N=linear.BLOCK_N,
+        out.stride(0), K=K, BLOCK_M=max(16, triton.next_power_of_2(M)), BLOCK_N=shape.features,
         BLOCK_K=shape.block_k, HAS_BIAS=bias is not None,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=shape.warps,
         num_stages=shape.stages)
