@@ -179,6 +179,11 @@ class Runner:
         with self._exclusive():
             self._calls[self.bucket(batch)]()
 
+    def download_bytes(self, batch: int) -> int:
+        """Bytes a round of ``batch`` requests copies to the host: its bucket's ids,
+        confidences and rules kept, in one download."""
+        return self._host[self.bucket(batch)][0].numel()
+
     def _check(self, inputs: RoundInputs, slots: Sequence[int]) -> list[int]:
         """The slots' rows, once the slots and the inputs' shapes are checked."""
         if not isinstance(slots, Sequence) or not slots:

@@ -70,6 +70,7 @@ def run_bench(drafter: Drafter, backends: list[str], buckets: list[int], context
                 identical = ("reference" if name == HOST else
                              comparison.agreement[name].check(out, reference, requests))
                 d2h = (reference.transfers.d2h_bytes if name == HOST
+                       else runner_of[name].download_bytes(batch) if name in runner_of
                        else batch * lane.k * 12)  # int64 ids and float32 confidences
                 graphs, kernels = launches(call, device)  # after timing: the profiler costs
                 rows.append(dict(lane=lane.name, batch=batch, path=name, ms=significant(ms),

@@ -61,10 +61,12 @@ def compare_paths(config: Config, runner: Runner) -> list[dict[str, object]]:
     comparison.release()
     # round 0 carries the prompt; the rounds after it are the steady state
     steady = slice(1, None) if config.rounds > 1 else slice(None)
-    device_bytes = config.batch * runner.lane.k * (8 + 4)  # int64 ids, float32 confidences
-    table = [(HOST, f"host ({comparison.bucket} rows)", "reference", host.transfers.d2h_bytes)]
-    table += [(name, name, comparison.agreement[name].identical, device_bytes)
-              for name in (EAGER, runtime_path(backend))]
+    eager_bytes = config.batch * runner.lane.k * (8 + 4)  # int64 ids, float32 confidences
+    table = [(HOST, f"host ({comparison.bucket} rows)", "reference", host.transfers.d2h_bytes),
+             (EAGER, EAGER, comparison.agreement[EAGER].identical, eager_bytes),
+             (runtime_path(backend), runtime_path(backend),
+              comparison.agreement[runtime_path(backend)].identical,
+              runner.download_bytes(config.batch))]
     return [dict(lane=runner.lane.name, batch=config.batch, path=path, identical=same,
                  d2h_bytes=size, ms=statistics.median(ms[name][steady]))
             for name, path, same, size in table]
