@@ -22,8 +22,8 @@ _registered = False
 
 
 def register() -> None:
-    """Registers ``dspark::markov_walk``, ``dspark::block_attention`` and
-    ``dspark::linear`` where they can run, once."""
+    """Registers ``dspark::markov_walk``, ``dspark::block_attention``, ``dspark::linear``
+    and ``dspark::linear_partials`` where they can run, once."""
     global _registered
     if RUNNABLE and not _registered:
         from dspark_compile.kernels.attention import op as _attention  # noqa: F401
