@@ -36,7 +36,8 @@ class Layout(str, Enum):
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
           "float64": torch.float64}
-ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "relu")  # transformers' names
+# transformers' ACT2FN names
+ACTIVATIONS = ("silu", "swish", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -62,8 +63,9 @@ class LaneConfig:
     rms_norm_eps: float = 1e-6
     hidden_act: str = "silu"
     attention_bias: bool = False  # q/k/v/o projections carry biases
-    markov_rank: int = 256
+    markov_rank: int = 256  # 0: no Markov head, the ids are the base logits' argmax
     markov_head: MarkovHead = MarkovHead.vanilla
+    confidence_head: bool = True  # false: no confidence head, a runner returns None
     # on CUDA, the Markov walk, the block's attention and the GEMMs of a few rows as Triton
     # kernels of our own (dspark_compile/kernels/). "auto": on where the device, dtype and
     # head support them (decided when a drafter is made on a device: for_device)
@@ -96,10 +98,10 @@ class LaneConfig:
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                      "intermediate_size", "target_vocab_size", "draft_vocab_size", "k",
                      "markov_rank", "max_context", "max_batch"):
-            value = getattr(self, name)
-            if not integer(value) or value < 1:
+            value, least = getattr(self, name), 0 if name == "markov_rank" else 1
+            if not integer(value) or value < least:
                 raise ConfigError(f"lane {self.name!r}: {name}={value!r}, expected an "
-                                  "integer >= 1")
+                                  f"integer >= {least}")
         types = [("mask_token_id", integer(self.mask_token_id), "an integer"),
                  ("target_layer_ids", all(integer(i) and i >= -1 for i in self.target_layer_ids)
                   and len(set(self.target_layer_ids)) == len(self.target_layer_ids),
@@ -116,6 +118,7 @@ class LaneConfig:
                   f"one of {list(LAYER_TYPES)} per layer ({self.num_layers}), or []"),
                  ("confidence_with_markov", isinstance(self.confidence_with_markov, bool),
                   "true or false"),
+                 ("confidence_head", isinstance(self.confidence_head, bool), "true or false"),
                  ("fused_markov_step", _switch(self.fused_markov_step), "true, false or auto"),
                  ("fused_attention", _switch(self.fused_attention), "true, false or auto"),
                  ("skinny_gemm", _switch(self.skinny_gemm), "true, false or auto")]
@@ -138,6 +141,10 @@ class LaneConfig:
              self.sliding_window),
             (self.sliding_window is None or self.sliding_window >= 1, "sliding_window",
              ">= 1 or null", self.sliding_window),
+            (not (self.confidence_head and self.confidence_with_markov)
+             or self.markov_rank > 0, "confidence_with_markov",
+             "false when markov_rank=0 (the feature is the Markov head's W1 row)",
+             self.confidence_with_markov),
             (self.fused_markov_step is not True or self.fused_step_supported,
              "fused_markov_step", ("false or auto unless markov_head=vanilla, dtype=bfloat16 "
                                    "and markov_rank is a power of two in [16, 1024]"),
@@ -156,6 +163,14 @@ class LaneConfig:
             check_rope_scaling(self.rope_scaling)
         except ConfigError as err:
             raise ConfigError(f"lane {self.name!r}: {err}") from None
+        if self.rope_scaling and self.rope_scaling["rope_type"] == "dynamic":
+            longest = self.rope_scaling["original_max_position_embeddings"]
+            if self.max_context + self.block_rows > longest:
+                raise ConfigError(
+                    f"lane {self.name!r}: max_context={self.max_context}: a dynamic RoPE "
+                    f"keeps its frequencies only up to {longest} positions (the model's "
+                    "max_position_embeddings) and rescales them all past it, which a fixed "
+                    f"table cannot; expected max_context <= {longest - self.block_rows}")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -217,6 +232,9 @@ class LaneConfig:
 # per type: required parameters, optional parameters
 SCALING_TYPES: dict[str, tuple[set[str], set[str]]] = {
     "linear": ({"factor"}, set()),
+    # the default frequencies up to original_max_position_embeddings (LaneConfig checks
+    # that the context stays within them); transformers rescales them all past it
+    "dynamic": ({"factor", "original_max_position_embeddings"}, set()),
     "llama3": ({"factor", "low_freq_factor", "high_freq_factor",
                 "original_max_position_embeddings"}, set()),
     "yarn": ({"factor", "original_max_position_embeddings"},
@@ -232,8 +250,8 @@ def check_rope_scaling(scaling: Optional[dict[str, Any]]) -> None:
     kind = scaling.get("rope_type")
     if kind not in SCALING_TYPES:
         raise ConfigError(f"rope_scaling.rope_type={kind!r}; supported: null (plain RoPE), "
-                          f"{sorted(SCALING_TYPES)} (dynamic and longrope change with the "
-                          "sequence length, which a fixed table cannot)")
+                          f"{sorted(SCALING_TYPES)} (longrope changes with the sequence "
+                          "length, which a fixed table cannot)")
     required, optional = SCALING_TYPES[kind]
     missing = sorted(required - set(scaling))
     unknown = sorted(set(scaling) - required - optional - {"rope_type"})

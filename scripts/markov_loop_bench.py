@@ -110,7 +110,7 @@ def main() -> None:
     for R, sampled in ((R, sampled) for R in args.batches for sampled in (False, True)):
         inputs = dict(
             h=torch.zeros(R, k, lane.hidden_size, device=device, dtype=lane.torch_dtype),
-            base_logits=torch.empty(R, k, V, device=device, dtype=lane.torch_dtype),
+            base_logits=torch.empty(R, k, V, device=device, dtype=lane.torch_dtype), state=None,
             anchor=torch.empty(R, dtype=torch.long, device=device),
             temperature=(torch.arange(R, device=device) % 2).float() * sampled,
             seed=torch.arange(R, device=device) + 7, anchor_pos=torch.full((R,), 4096,

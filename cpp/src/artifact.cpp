@@ -215,7 +215,8 @@ Lane lane_of(const json& lane) {
               lane.at("target_vocab_size").get<int64_t>(),
               lane.at("max_context").get<int64_t>(),
               dtype == "bfloat16" ? at::kBFloat16 : dtype == "float16" ? at::kHalf
-              : dtype == "float32" ? at::kFloat : at::kDouble};
+              : dtype == "float32" ? at::kFloat : at::kDouble,
+              lane.value("confidence_head", true)};
 }
 
 }  // namespace

@@ -17,6 +17,7 @@ struct Lane {
   int64_t k, block_rows, feature_size, num_layers, num_kv_heads, head_dim;
   int64_t target_vocab_size, max_context;
   at::ScalarType dtype;
+  bool confidence_head;  // false: the drafter has none, and a round returns no confidences
 };
 
 struct Artifact {

@@ -368,7 +368,8 @@ DraftOutput Runner::draft(const at::Tensor& features, const at::Tensor& num_new,
   host[0].copy_(outputs[0], /*non_blocking=*/true);
   s.capture.synchronize();
   check_rules(host[3], lane, s.capacity, features, num_new, anchor, anchor_pos, temperature, seed);
-  return DraftOutput{host[1].index_select(0, index), host[2].index_select(0, index)};
+  return DraftOutput{host[1].index_select(0, index),
+                     lane.confidence_head ? host[2].index_select(0, index) : at::Tensor()};
 }
 
 std::vector<int64_t> Runner::slots() const {

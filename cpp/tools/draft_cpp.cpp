@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
         try {
           const dspark::DraftOutput out = round();
           outputs[prefix + "ids"] = out.ids;
-          outputs[prefix + "confidences"] = out.confidences;
+          if (out.confidences.defined()) outputs[prefix + "confidences"] = out.confidences;
           last = round;
         } catch (const dspark::InputError& err) {  // a refused round: its message, then on
           metadata[prefix + "error"] = err.what();

@@ -2,16 +2,18 @@
 unprefixed tensor keys (``Qwen3DSparkModel`` of deepseek-ai/DeepSpec).
 
 DeepSpec's Qwen3 drafter attends every layer in full (it writes ``layer_types`` all
-``full_attention`` and drafts with no mask), drafts k = ``block_size`` tokens from the
-anchor row, has no reduced vocabulary, and takes taps -1 (the embedding output) to
-``target_layer_ids``.
+``full_attention`` and drafts with no mask, so a sliding layer type is read as full),
+drafts k = ``block_size`` tokens from the anchor row, has no reduced vocabulary, takes
+taps -1 (the embedding output) to ``target_layer_ids``, and keeps its own ``lm_head``
+whatever ``tie_word_embeddings`` says (the model ties nothing).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from dspark_compile.checkpoint.fields import Reading, read_transformer, transformer_config
+from dspark_compile.checkpoint.fields import (Reading, read_heads, read_transformer,
+                                              transformer_config)
 from dspark_compile.config import LaneConfig, Layout
 from dspark_compile.errors import CheckpointError
 
@@ -25,27 +27,16 @@ def read(config: dict[str, Any]) -> Reading:
     r.put("draft_vocab_size", r.fields["target_vocab_size"], "config.json vocab_size "
           "(DeepSpec drafts in the target's vocabulary)")
     types = config.get("layer_types") or []
-    if "sliding_attention" in types:
-        raise r.refuse("layer_types", types, "DeepSpec's Qwen3 drafter attends every layer "
-                       "in full; supported: full_attention")
-    r.put("layer_types", [], "DeepSpec: every layer full_attention (use_sliding_window and "
-          "sliding_window are not read)")
+    r.put("layer_types", [], "DeepSpec: every layer full_attention" + (
+        f" (its draft attention ignores the {types.count('sliding_attention')} sliding "
+        "layers of layer_types)" if "sliding_attention" in types else "")
+        + " (use_sliding_window and sliding_window are not read)")
     r.put("sliding_window", None, "DeepSpec: no sliding window")
-    if config.get("tie_word_embeddings"):
-        raise r.refuse("tie_word_embeddings", True, "DeepSpec drafters keep their own "
-                       "lm_head; supported: false")
     r.take("k", "block_size")
     r.put("layout", Layout.anchor_first, "DeepSpec: k = block_size rows from the anchor")
     r.take("target_layer_ids", "target_layer_ids")
     r.take("mask_token_id", "mask_token_id")
-    rank = r.take("markov_rank", "markov_rank")
-    if rank == 0:
-        raise r.refuse("markov_rank", 0, "the draft step needs a Markov head; supported: >= 1")
-    r.take("markov_head", "markov_head_type")
-    if not r.value("enable_confidence_head")[0]:
-        raise r.refuse("enable_confidence_head", False, "the draft step needs a confidence "
-                       "head; supported: true")
-    r.take("confidence_with_markov", "confidence_head_with_markov")
+    read_heads(r, {})
     return r
 
 
@@ -63,5 +54,5 @@ def write(lane: LaneConfig) -> dict[str, Any]:
             "block_size": lane.k, "mask_token_id": lane.mask_token_id,
             "target_layer_ids": lane.target_layer_ids, "num_anchors": NUM_ANCHORS,
             "markov_rank": lane.markov_rank, "markov_head_type": lane.markov_head.value,
-            "enable_confidence_head": True,
+            "enable_confidence_head": lane.confidence_head,
             "confidence_head_with_markov": lane.confidence_with_markov}

@@ -12,7 +12,8 @@ import torch
 from safetensors.torch import save_file
 
 from dspark_compile.checkpoint import deepspec, speculators
-from dspark_compile.checkpoint.verifier import EMBED, LM_HEAD, describe, verifier_tensors
+from dspark_compile.checkpoint.verifier import (EMBED, LM_HEAD, describe, named_verifier,
+                                                verifier_tensors)
 from dspark_compile.checkpoint.weights import CHECKPOINT_WEIGHTS, load_weights, tensor_files
 from dspark_compile.config import LaneConfig
 from dspark_compile.errors import CheckpointError
@@ -57,7 +58,8 @@ def load_checkpoint(directory: str | Path, lane: LaneConfig,
     is checked against the resulting shapes before any is loaded.
 
     ``verifier``: the target's directory, for the tensors a speculators checkpoint leaves
-    to it (``embed_tokens``, and ``lm_head`` for a full-vocabulary draft).
+    to it (``embed_tokens``, and ``lm_head`` for a full-vocabulary draft); by default the
+    directory its ``speculators_config`` names, where that is a local one.
     """
     directory = Path(directory)
     try:
@@ -75,14 +77,14 @@ def load_checkpoint(directory: str | Path, lane: LaneConfig,
                               "tensor itself")
     if fmt is Format.speculators:
         names = verifier_names(lane)
+        if verifier is None and any(name not in files for name in names):
+            missing = [name for name in names if name not in files]
+            try:
+                verifier = named_verifier(config, directory)
+            except CheckpointError as err:
+                raise CheckpointError(f"{err} (it lacks {missing})") from None
         if verifier is not None:
             supplied = verifier_tensors(verifier, names)
-        elif any(name not in files for name in names):
-            missing = [name for name in names if name not in files]
-            raise CheckpointError(
-                f"{directory}: lacks {missing}: a speculators checkpoint leaves them to its "
-                "verifier; pass the target's directory (load_checkpoint(..., verifier=DIR), "
-                "or verifier=DIR on the command line)")
     ignored = SPECULATORS_EXTRA if fmt is Format.speculators else frozenset()
     drafter = load_weights(lane, files, device, supplied, ignored)
     drafter.sources = sources

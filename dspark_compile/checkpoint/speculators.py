@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from dspark_compile.checkpoint.fields import (QWEN3_DEFAULTS, Reading, read_transformer,
-                                              transformer_config)
+from dspark_compile.checkpoint.fields import (QWEN3_DEFAULTS, Reading, read_heads,
+                                              read_transformer, transformer_config)
 from dspark_compile.config import LaneConfig, Layout
 
 MODEL_TYPE = "dspark"
@@ -33,7 +33,7 @@ def read(config: dict[str, Any]) -> Reading:
         raise r.refuse("speculators_model_type", kind, f"supported: {MODEL_TYPE!r} (a drafter "
                        "with a Markov head and a confidence head)")
     layers = r.at("transformer_layer_config")
-    read_transformer(layers)
+    read_transformer(layers, ("qwen3", "llama"))
     r.take("draft_vocab_size", "draft_vocab_size", 32000)
     read_attention(r, layers)
     anchor = r.take("layout", "sample_from_anchor", True,
@@ -46,23 +46,22 @@ def read(config: dict[str, Any]) -> Reading:
     r.take("target_layer_ids", "aux_hidden_state_layer_ids",
            convert=lambda ids: [i - 1 for i in ids] if isinstance(ids, list) else ids)
     r.take("mask_token_id", "mask_token_id")
-    rank = r.take("markov_rank", "markov_rank", 256)
-    if rank == 0:
-        raise r.refuse("markov_rank", 0, "the draft step needs a Markov head; supported: >= 1")
-    r.take("markov_head", "markov_head_type", "vanilla")
-    if not r.value("enable_confidence_head", True)[0]:
-        raise r.refuse("enable_confidence_head", False, "the draft step needs a confidence "
-                       "head; supported: true")
-    r.take("confidence_with_markov", "confidence_head_with_markov", True)
+    read_heads(r, {"markov_rank": 256, "markov_head_type": "vanilla",
+                   "enable_confidence_head": True, "confidence_head_with_markov": True})
     return r
 
 
 def read_attention(r: Reading, layers: Reading) -> None:
     """Per-layer types and the window, as Qwen3Config and speculators' DFlash derive them."""
     tl, count = layers.config, layers.fields["num_layers"]
-    use_window = tl.get("use_sliding_window", QWEN3_DEFAULTS["use_sliding_window"])
-    window = tl.get("sliding_window", QWEN3_DEFAULTS["sliding_window"]) if use_window else None
-    types, source = tl.get("layer_types"), f"config.json {layers.prefix}layer_types"
+    if tl.get("model_type", "qwen3") == "llama":  # LlamaConfig has no window fields of its own
+        window, types = tl.get("sliding_window"), tl.get("layer_types") or []
+    else:
+        use_window = tl.get("use_sliding_window", QWEN3_DEFAULTS["use_sliding_window"])
+        window = (tl.get("sliding_window", QWEN3_DEFAULTS["sliding_window"]) if use_window
+                  else None)
+        types = tl.get("layer_types")
+    source = f"config.json {layers.prefix}layer_types"
     if types is None:
         first = tl.get("max_window_layers", QWEN3_DEFAULTS["max_window_layers"])
         types = ["sliding_attention" if window is not None and i >= first else "full_attention"
@@ -93,7 +92,7 @@ def write(lane: LaneConfig, verifier: Optional[dict[str, Any]]) -> dict[str, Any
         "sliding_window_non_causal": not lane.sliding_causal,
         "markov_rank": lane.markov_rank,
         "markov_head_type": lane.markov_head.value,
-        "enable_confidence_head": True,
+        "enable_confidence_head": lane.confidence_head,
         "confidence_head_with_markov": lane.confidence_with_markov,
         "speculators_config": {
             "algorithm": MODEL_TYPE,

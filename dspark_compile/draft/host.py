@@ -8,6 +8,7 @@ adds, rounds to the model dtype and takes the first-index argmax, then applies d
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
@@ -31,7 +32,7 @@ class Transfers:
 @dataclass
 class HostResult:
     ids: Tensor          # [R, k] int64, on the host
-    confidences: Tensor  # [R, k] float32, on the host
+    confidences: Optional[Tensor]  # [R, k] float32, on the host; None without the head
     transfers: Transfers
     # [R] greedy steps whose best two logits lie within one model-dtype epsilon (relative)
     # of each other, exact ties included: where a backend that rounds differently could flip
@@ -60,7 +61,8 @@ class HostPath:
         d, log = self.drafter, Transfers()
         check_round(d.lane, cache, inputs)
         features, num_new, anchor, anchor_pos, temperature, seed = inputs.tensors()
-        h, base_logits = d(cache.k, cache.v, anchor, anchor_pos, features, num_new)
+        h, base_logits, state = d.block(cache.k, cache.v, anchor, anchor_pos, features,
+                                        num_new)
         # f32 is exact for bf16/f16 logits; wider dtypes come down as they are
         base = self._down(base_logits.to(torch.promote_types(base_logits.dtype, torch.float32)),
                           log)
@@ -68,16 +70,17 @@ class HostPath:
         # the sampling parameters: an engine holds these on the host already
         temperature, seed, anchor_pos = (t.cpu() for t in (temperature, seed, anchor_pos))
         hot = (temperature > 0).numpy()
-        state = d.markov_head.initial_state(h)
         ids, prevs = [], []
         near_ties = np.zeros(base.shape[0], dtype=np.int64)
         eps = torch.finfo(base_logits.dtype).eps
         for step in range(base.shape[1]):
             prevs.append(prev)
-            bias, state = d.markov_head.step_bias(self._up(torch.from_numpy(prev), log),
-                                                  h[:, step], state)
-            bias = self._down(bias.to(base.dtype), log)
-            z = (base[:, step] + bias).to(base_logits.dtype).double()
+            z = base[:, step]
+            if d.markov_head is not None:
+                bias, state = d.markov_head.step_bias(self._up(torch.from_numpy(prev), log),
+                                                      h[:, step], state)
+                z = z + self._down(bias.to(base.dtype), log)
+            z = z.to(base_logits.dtype).double()
             if hot.any():  # Gumbel-max with the same counter-based noise as the device
                 z = gumbel_scores(z, temperature, seed, anchor_pos, step)
             z = z.numpy()
@@ -87,6 +90,7 @@ class HostPath:
             prev = draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
             ids.append(prev)
         prevs_dev = self._up(torch.from_numpy(np.stack(prevs, 1)), log)
-        confidences = self._down(d.confidences(h, prevs_dev), log)
+        confidences = (None if d.confidence_head is None
+                       else self._down(d.confidences(h, prevs_dev), log))
         return HostResult(torch.from_numpy(np.stack(ids, 1)), confidences, log,
                           torch.from_numpy(near_ties))

@@ -74,7 +74,7 @@ class RoundInputs:
 @dataclass
 class DraftOutput:
     ids: Tensor          # [R, k] int64, target vocabulary
-    confidences: Tensor  # [R, k] float32
+    confidences: Optional[Tensor]  # [R, k] float32; None for a drafter without the head
     probs: Optional[Tensor] = None  # [R, k, V_target] float32 draft distribution q
 
     def select(self, rows: Tensor) -> "DraftOutput":

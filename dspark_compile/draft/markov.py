@@ -13,30 +13,33 @@ from dspark_compile.model import Drafter
 from dspark_compile.model.vocab import to_target
 
 
-def markov_loop(drafter: Drafter, h: Tensor, base_logits: Tensor, anchor: Tensor,
-                temperature: Tensor, seed: Tensor, anchor_pos: Tensor,
+def markov_loop(drafter: Drafter, h: Tensor, base_logits: Tensor, state: Optional[Tensor],
+                anchor: Tensor, temperature: Tensor, seed: Tensor, anchor_pos: Tensor,
                 keep_logits: bool = True) -> tuple[Tensor, Tensor, Optional[Tensor]]:
-    """The Markov walk, unrolled: ids ``[R, k]``, ids fed to each step, and the corrected
-    logits ``[R, k, V]`` when ``keep_logits``. A lane with ``fused_markov_step`` runs the
-    walk in Triton on CUDA (:mod:`dspark_compile.kernels.markov`), which never writes the
-    logits."""
+    """The Markov walk, unrolled, from the head's ``state`` (:meth:`Drafter.block`): ids
+    ``[R, k]``, ids fed to each step, and the corrected logits ``[R, k, V]`` when
+    ``keep_logits``. A lane with ``fused_markov_step`` runs the walk in Triton on CUDA
+    (:mod:`dspark_compile.kernels.markov`), which never writes the logits. Without a
+    Markov head every step samples its base logits."""
     head = drafter.markov_head
     if drafter.lane.fused_markov_step and base_logits.is_cuda and not keep_logits:
         ids = markov.markov_walk(head.markov_w1.weight, head.markov_w2.weight, base_logits,
                                  anchor, temperature, seed, anchor_pos, drafter.d2t)
         return ids, torch.cat([anchor[:, None], ids[:, :-1]], 1), None
-    prev, state = anchor, head.initial_state(h)
+    prev = anchor
     wide = torch.promote_types(base_logits.dtype, torch.float32)
     ids, prevs, logits = [], [], []
     for step in range(base_logits.shape[1]):
         prevs.append(prev)
-        bias, state = head.step_bias(prev, h[:, step], state)
-        # A model-dtype '+', spelled out (widen, add, round once) so that no compiler
-        # folds the add into the bias GEMM, which would skip the rounding of the bias.
-        z = rounded(base_logits[:, step].to(wide) + bias.to(wide), bias.dtype)
+        z = base_logits[:, step]
+        if head is not None:
+            bias, state = head.step_bias(prev, h[:, step], state)
+            # A model-dtype '+', spelled out (widen, add, round once) so that no compiler
+            # folds the add into the bias GEMM, which would skip the rounding of the bias.
+            z = rounded(z.to(wide) + bias.to(wide), bias.dtype)
         prev = to_target(sample(z, temperature, seed, anchor_pos, step), drafter.d2t)
         ids.append(prev)
-        logits.append(z.to(bias.dtype))
+        logits.append(z.to(base_logits.dtype))
     kept = torch.stack(logits, 1) if keep_logits else None
     return torch.stack(ids, 1), torch.stack(prevs, 1), kept
 

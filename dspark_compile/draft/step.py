@@ -37,8 +37,9 @@ class DraftStep(nn.Module):
         d = self.drafter
         rules, (num_new, anchor, anchor_pos, temperature, seed) = inert_unless_kept(
             d, k_cache, features, num_new, anchor, anchor_pos, temperature, seed)
-        h, base_logits = d(k_cache, v_cache, anchor, anchor_pos, features, num_new)
-        ids, prevs, logits = markov_loop(d, h, base_logits, anchor, temperature, seed,
+        h, base_logits, state = d.block(k_cache, v_cache, anchor, anchor_pos, features,
+                                        num_new)
+        ids, prevs, logits = markov_loop(d, h, base_logits, state, anchor, temperature, seed,
                                          anchor_pos, keep_logits=self.with_probs)
         confidences = d.confidences(h, prevs)
         if self.with_probs:
@@ -86,4 +87,6 @@ def draft(drafter: Drafter, cache: KVCache, inputs: RoundInputs,
     check_round(drafter.lane, cache, inputs)
     ids, confidences, _, *probs = DraftStep(drafter, with_probs)(cache.k, cache.v,
                                                                 *inputs.tensors())
+    if not drafter.lane.confidence_head:
+        confidences = None
     return DraftOutput(ids, confidences, *probs)

@@ -9,6 +9,7 @@ slot that swallows padding rows. Every shape is static; per-request lengths are 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -28,7 +29,10 @@ from dspark_compile.model.vocab import TokenTable
 # transformers' ACT2FN names (config.ACTIVATIONS)
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "silu": F.silu,
+    "swish": F.silu,
     "gelu": F.gelu,
+    "gelu_new": lambda x: 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi)
+                                                      * (x + 0.044715 * torch.pow(x, 3.0)))),
     "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
     "relu": F.relu,
 }
@@ -244,13 +248,13 @@ class Backbone(nn.Module):
             write_rows(k_cache, i, ctx.slots, k)
             write_rows(v_cache, i, ctx.slots, v)
 
-    def forward(self, k_cache: Tensor, v_cache: Tensor, anchor: Tensor, anchor_pos: Tensor,
-                features: Optional[Tensor] = None, num_new: Optional[Tensor] = None
-                ) -> tuple[Tensor, Tensor]:
-        """Hidden rows ``h [R, k, H]`` and base logits ``U [R, k, V_draft]`` of the block,
-        after the context rows of ``features`` and ``num_new``, where given, are appended
-        as :meth:`append_context` appends them: in each layer's GEMM of the block's rows
-        where the block has more than ``MAX_ROWS`` rows and at most :data:`FOLD_ROWS`."""
+    def hidden_rows(self, k_cache: Tensor, v_cache: Tensor, anchor: Tensor, anchor_pos: Tensor,
+                    features: Optional[Tensor] = None, num_new: Optional[Tensor] = None
+                    ) -> Tensor:
+        """The normed hidden rows ``[R, block_rows, H]`` of the block, after the context
+        rows of ``features`` and ``num_new``, where given, are appended as
+        :meth:`append_context` appends them: in each layer's GEMM of the block's rows where
+        the block has more than ``MAX_ROWS`` rows and at most :data:`FOLD_ROWS`."""
         lane = self.lane
         n = lane.block_rows
         R = anchor.shape[0]
@@ -269,7 +273,17 @@ class Backbone(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, k_cache, v_cache, i, positions, masks[lane.layer_type(i)],
                       context)
-        h = self.norm(x)
-        if lane.layout is Layout.one_plus_k:
-            h = h[:, 1:]
+        return self.norm(x)
+
+    def drafted(self, rows: Tensor) -> Tensor:
+        """The rows of :meth:`hidden_rows` that draft: all k, or the k mask rows of 1+k."""
+        return rows[:, 1:] if self.lane.layout is Layout.one_plus_k else rows
+
+    def forward(self, k_cache: Tensor, v_cache: Tensor, anchor: Tensor, anchor_pos: Tensor,
+                features: Optional[Tensor] = None, num_new: Optional[Tensor] = None
+                ) -> tuple[Tensor, Tensor]:
+        """Hidden rows ``h [R, k, H]`` and base logits ``U [R, k, V_draft]`` of the block's
+        drafted rows (:meth:`hidden_rows`)."""
+        h = self.drafted(self.hidden_rows(k_cache, v_cache, anchor, anchor_pos, features,
+                                          num_new))
         return h, self.lm_head(h)

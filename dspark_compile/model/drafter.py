@@ -7,16 +7,20 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from dspark_compile.config import LaneConfig
+from dspark_compile.config import LaneConfig, Layout
 from dspark_compile.model.backbone import Backbone
 from dspark_compile.model.heads import ConfidenceHead, MarkovHead
 
 
 class Drafter(Backbone):
+    """A lane with ``markov_rank`` 0 has no Markov head (its ids are the base argmax), and
+    one with ``confidence_head`` false no confidence head, as both formats' code builds
+    them."""
+
     def __init__(self, lane: LaneConfig):
         super().__init__(lane)
-        self.markov_head = MarkovHead(lane)
-        self.confidence_head = ConfidenceHead(lane)
+        self.markov_head = MarkovHead(lane) if lane.markov_rank else None
+        self.confidence_head = ConfidenceHead(lane) if lane.confidence_head else None
         # lane field -> where its value came from, for a drafter read from a checkpoint
         self.sources: dict[str, str] = {}
         self.d2t: Optional[Tensor]
@@ -25,6 +29,23 @@ class Drafter(Backbone):
         else:
             self.d2t = None
 
+    def block(self, k_cache: Tensor, v_cache: Tensor, anchor: Tensor, anchor_pos: Tensor,
+              features: Optional[Tensor] = None, num_new: Optional[Tensor] = None
+              ) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+        """The drafted rows' hidden ``h [R, k, H]``, base logits ``[R, k, V_draft]`` and
+        the Markov head's state before the first drafted step (:meth:`Backbone.forward`)."""
+        rows = self.hidden_rows(k_cache, v_cache, anchor, anchor_pos, features, num_new)
+        h = self.drafted(rows)
+        state = None
+        if self.markov_head is not None:
+            anchor_row = rows[:, 0] if self.lane.layout is Layout.one_plus_k else None
+            state = self.markov_head.initial_state(anchor, anchor_row, h)
+        return h, self.lm_head(h), state
+
     def confidences(self, h: Tensor, prevs: Tensor) -> Tensor:
-        """Confidences ``[R, k]`` of the rows ``h`` given the ids fed to each step."""
-        return self.confidence_head(h, self.markov_head.markov_w1(prevs))
+        """Confidences ``[R, k]`` (fp32) of the rows ``h`` given the ids fed to each step;
+        NaN where the drafter has no confidence head (a runner reports none)."""
+        if self.confidence_head is None:
+            return h.new_full(h.shape[:2], float("nan"), dtype=torch.float32)
+        markov = None if self.markov_head is None else self.markov_head.markov_w1(prevs)
+        return self.confidence_head(h, markov)

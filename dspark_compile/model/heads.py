@@ -29,11 +29,24 @@ class MarkovHead(nn.Module):
         elif self.kind is Kind.rnn:
             self.joint_proj = nn.Linear(2 * r + hidden, 3 * r)
 
-    def initial_state(self, h: Tensor) -> Optional[Tensor]:
-        """The recurrent state before step 0 (rnn only): zeros ``[R, r]``."""
+    def initial_state(self, anchor: Tensor, anchor_row: Optional[Tensor], like: Tensor
+                      ) -> Optional[Tensor]:
+        """The recurrent state before the first drafted step (rnn only): zeros ``[R, r]``,
+        or, in the 1+k layout, the state the anchor's own row ``anchor_row [R, H]`` leaves
+        (speculators' ``block_bias`` runs the recurrence over every block slot, the
+        anchor's included, with the anchor as that slot's previous token)."""
         if self.kind is not Kind.rnn:
             return None
-        return h.new_zeros(h.shape[0], self.markov_w1.embedding_dim)
+        state = like.new_zeros(like.shape[0], self.markov_w1.embedding_dim)
+        if anchor_row is not None:
+            state, _ = self._recur(state, self.markov_w1(anchor), anchor_row)
+        return state
+
+    def _recur(self, state: Tensor, e: Tensor, h_k: Tensor) -> tuple[Tensor, Tensor]:
+        """The rnn head's next state and latent."""
+        gate, candidate, out = self.joint_proj(torch.cat([state, e, h_k], dim=-1)).chunk(3, -1)
+        gate = torch.sigmoid(gate)
+        return gate * state + (1.0 - gate) * torch.tanh(candidate), torch.tanh(out)
 
     def step_bias(self, prev: Tensor, h_k: Tensor, state: Optional[Tensor]
                   ) -> tuple[Tensor, Optional[Tensor]]:
@@ -44,10 +57,7 @@ class MarkovHead(nn.Module):
         elif self.kind is Kind.gated:
             latent = torch.sigmoid(self.gate_proj(torch.cat([h_k, e], dim=-1))) * e
         else:
-            gate, candidate, out = self.joint_proj(torch.cat([state, e, h_k], dim=-1)).chunk(3, -1)
-            gate = torch.sigmoid(gate)
-            state = gate * state + (1.0 - gate) * torch.tanh(candidate)
-            latent = torch.tanh(out)
+            state, latent = self._recur(state, e, h_k)
         return self.markov_w2(latent), state
 
 
@@ -64,8 +74,9 @@ class ConfidenceHead(nn.Module):
         self.with_markov = lane.confidence_with_markov
         self.proj = nn.Linear(width, 1)
 
-    def forward(self, h: Tensor, prev_embeddings: Tensor) -> Tensor:
-        """``h [R, k, H]``, ``prev_embeddings [R, k, r]`` -> confidences ``[R, k]`` (fp32)."""
+    def forward(self, h: Tensor, prev_embeddings: Optional[Tensor]) -> Tensor:
+        """``h [R, k, H]``, ``prev_embeddings [R, k, r]`` (None for a lane with no Markov
+        head) -> confidences ``[R, k]`` (fp32)."""
         x = torch.cat([h, prev_embeddings], dim=-1) if self.with_markov else h
         logit = F.linear(x.double(), self.proj.weight.double(), self.proj.bias.double())
         return torch.sigmoid(logit).float().squeeze(-1)

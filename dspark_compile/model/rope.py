@@ -5,8 +5,9 @@ A lane carries ``rope_theta`` and ``rope_scaling``: ``None`` (plain RoPE) or a d
 ``rope_type`` and that type's parameters, as transformers 5.x writes them inside
 ``rope_parameters`` (with ``original_max_position_embeddings`` filled in, so the dict
 alone fixes the frequencies). ``dynamic`` and ``longrope`` change the frequencies with the
-sequence length and are refused (``config.check_rope_scaling``): the draft step's tables
-are fixed.
+sequence length: ``dynamic`` keeps the plain frequencies up to the model's
+``original_max_position_embeddings``, which the lane's context may not pass
+(``LaneConfig``), and ``longrope`` is refused: the draft step's tables are fixed.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: Optional[dict[str,
     exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     inv_freq = 1.0 / (theta ** exponent)
     kind = None if scaling is None else scaling["rope_type"]
-    if kind is None:
+    if kind in (None, "dynamic"):
         return inv_freq, 1.0
     if kind == "linear":
         return inv_freq / scaling["factor"], 1.0

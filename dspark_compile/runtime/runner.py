@@ -237,8 +237,13 @@ class Runner:
             torch.cuda.current_stream(self.device).synchronize()
         check_rules(self.lane, slots, inputs, kept.tolist())
         probs = outputs[1] if len(outputs) > 1 else None
+        if not self.lane.confidence_head:  # the drafter has none: the step's NaNs stay
+            confidences = None
         if rows is None:  # copies: the buffers are the next round's
-            return DraftOutput(ids.clone(), confidences.clone(),
-                               None if probs is None else probs.clone())
-        return DraftOutput(ids[rows], confidences[rows],
+            return DraftOutput(ids.clone(), _copy(confidences), _copy(probs))
+        return DraftOutput(ids[rows], None if confidences is None else confidences[rows],
                            None if probs is None else probs[rows.to(probs.device)])
+
+
+def _copy(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.clone()

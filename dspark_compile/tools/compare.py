@@ -39,8 +39,12 @@ class Agreement:
     def check(self, out: DraftOutput, ref: HostResult, rows: Tensor, **where: int) -> bool:
         """Whether ``out`` (the requests' outputs, in order) agrees with the host path's
         rows ``rows``; the first mismatch is kept, with ``where`` (round, bucket)."""
-        ids, confidences = out.ids.cpu(), out.confidences.cpu()
-        host_ids, host_confidences = ref.ids[rows], ref.confidences[rows]
+        ids, host_ids = out.ids.cpu(), ref.ids[rows]
+        # a drafter without a confidence head has none on every path: NaNs would not compare
+        confidences, host_confidences = (
+            torch.full(ids.shape, -1.0) if c is None else c.cpu()
+            for c in (out.confidences, None if ref.confidences is None
+                      else ref.confidences[rows]))
         same = (ids == host_ids) & (
             (confidences - host_confidences).abs() <= self.confidence_tolerance)
         self.tokens_compared += ids.numel()

@@ -45,7 +45,7 @@ def round_floor(drafter: Drafter, batch: int, context: int, ceilings: Ceilings) 
     """Bytes and FLOPs one decode round must move and do at these shapes."""
     lane: LaneConfig = drafter.lane
     size = torch.finfo(lane.torch_dtype).bits // 8
-    w2 = drafter.markov_head.markov_w2.weight.numel()
+    w2 = 0 if drafter.markov_head is None else drafter.markov_head.markov_w2.weight.numel()
     # every weight once, W2 once per step; embeddings and W1 only as rows (negligible)
     params = sum(p.numel() for name, p in drafter.named_parameters()
                  if name not in ("embed_tokens.weight", "markov_head.markov_w1.weight"))

@@ -49,7 +49,7 @@ class Replayed:
     def draft(self, inputs: RoundInputs, slots: list[int]) -> DraftOutput:
         prefix = f"b{self.bucket_index}.r{self.round}."
         self.round += 1
-        return DraftOutput(self.outputs[prefix + "ids"], self.outputs[prefix + "confidences"])
+        return DraftOutput(self.outputs[prefix + "ids"], self.outputs.get(prefix + "confidences"))
 
 
 def verify_artifact(artifact_dir: str | Path, device: str = "cpu", rounds: int = 4,

@@ -32,10 +32,12 @@ def write_checkpoint(path: Path, verifier: Path, *, layers: dict, draft_vocab: i
     from speculators.proposals.greedy import GreedyTokenProposalConfig
 
     block = fields.pop("block_size", 6)
-    layer_config = Qwen3Config(vocab_size=VOCAB, **LAYERS, **layers)
+    config_class = fields.pop("config_class", Qwen3Config)
+    layer_config = config_class(vocab_size=VOCAB, **{**LAYERS, **layers})
+    fields.setdefault("markov_rank", 32)
     config = DSparkSpeculatorConfig(
         transformer_layer_config=layer_config, draft_vocab_size=draft_vocab, block_size=block,
-        aux_hidden_state_layer_ids=list(aux), mask_token_id=MASK, markov_rank=32,
+        aux_hidden_state_layer_ids=list(aux), mask_token_id=MASK,
         speculators_config=SpeculatorsConfig(
             algorithm="dspark", default_proposal_method="greedy",
             proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=block)],
@@ -77,8 +79,10 @@ def load_reference(path: Path):
 @torch.no_grad()
 def reference_draft(model, features: torch.Tensor, ids: torch.Tensor, anchor: int):
     """speculators' block forward at one anchor (context = positions before it), then the
-    greedy walk through its Markov head and its confidence head: h, U, ids, confidences
-    of the drafted rows."""
+    greedy walk through its own heads: ``block_bias`` over the block's slots up to the one
+    drafting (the anchor's slot included, with the previous ids laid out as speculators'
+    forward lays them out), and its confidence head. h, U, ids and confidences (None
+    without the head) of the drafted rows."""
     length = features.shape[0]
     loss_mask = torch.zeros(1, length)
     loss_mask[0, anchor] = 1  # the only anchor select_anchors can pick
@@ -86,19 +90,25 @@ def reference_draft(model, features: torch.Tensor, ids: torch.Tensor, anchor: in
         features[None], ids[None], loss_mask, torch.zeros(1, length, HIDDEN),
         torch.zeros(1, length, dtype=torch.long), max_anchors=1)
     first = 0 if model.config.sample_from_anchor else 1  # the anchor row drafts or not
-    h, base = hidden[0, first:], logits[0, first:]
-    prevs, confidences = [int(ids[anchor])], []
-    for step in range(h.shape[0]):
-        prev = torch.tensor([prevs])
-        bias = model.markov_head.block_bias(prev_token_ids=prev, hidden_states=h[None, :step + 1])
-        pick = int(torch.argmax(base[step] + bias[0, -1]))
-        features = h[step]
-        if model.config.confidence_head_with_markov:
-            embedding = model.markov_head.prev_embeddings(torch.tensor([prevs[-1]]))[0]
-            features = torch.cat([features, embedding])
-        confidences.append(torch.sigmoid(model.confidence_head(features)))
+    h, base = hidden[0], logits[0]
+    # slot j's previous id: the block's token j (anchor first); in 1+k, token j-1
+    prevs, confidences = [int(ids[anchor])] * (1 + first), []
+    for slot in range(first, h.shape[0]):
+        step_logits = base[slot]
+        if model.markov_head is not None:
+            bias = model.markov_head.block_bias(prev_token_ids=torch.tensor([prevs]),
+                                                hidden_states=h[None, :slot + 1])
+            step_logits = step_logits + bias[0, -1]
+        pick = int(torch.argmax(step_logits))
+        if model.confidence_head is not None:
+            features_in = h[slot]
+            if model.config.confidence_head_with_markov:
+                embedding = model.markov_head.prev_embeddings(torch.tensor([prevs[-1]]))[0]
+                features_in = torch.cat([features_in, embedding])
+            confidences.append(torch.sigmoid(model.confidence_head(features_in)))
         prevs.append(pick if model.d2t is None else pick + int(model.d2t[pick]))
-    return h, base, torch.tensor(prevs[1:]), torch.stack(confidences)
+    return (h[first:], base[first:], torch.tensor(prevs[1 + first:]),
+            torch.stack(confidences) if confidences else None)
 
 
 def edit_config(path: Path, change) -> None:

@@ -21,10 +21,14 @@ from dspark_compile.errors import CheckpointError
 
 FIXTURE = Path(__file__).parent / "deepspec_tiny"
 CHECKPOINT = FIXTURE / "checkpoint"
+# made by DeepSpec too (deepspec_tiny/make.py): every Markov head and none, no
+# confidence head, llama3 / yarn / dynamic / partial-rotary RoPE, four activations, tied
+# embeddings in the config, sliding layer types
+VARIANTS = Path(__file__).parent / "deepspec_variants"
 
 
-def reference():
-    return load_file(str(FIXTURE / "reference.safetensors"))
+def reference(fixture=FIXTURE):
+    return load_file(str(fixture / "reference.safetensors"))
 
 
 def load(path=CHECKPOINT):
@@ -32,18 +36,18 @@ def load(path=CHECKPOINT):
 
 
 @torch.no_grad()
-def our_rounds(drafter):
-    """The fixture's two rounds through the eager draft step: h, ids, confidences."""
-    ref, lane = reference(), drafter.lane
+def our_rounds(drafter, ref=None):
+    """The fixture's rounds through the eager draft step: h, ids, confidences."""
+    ref, lane = reference() if ref is None else ref, drafter.lane
     cache, plain = KVCache.allocate(lane, 1, "cpu"), KVCache.allocate(lane, 1, "cpu")
-    for i in range(2):
+    for i in range(sum(key.startswith("ids") for key in ref)):
         features = ref[f"features{i}"][None]
         args = (features, torch.tensor([features.shape[1]]), ref[f"anchor{i}"][None],
                 ref[f"anchor_pos{i}"][None])
         drafter.append_context(plain.k, plain.v, *args[:2], args[3])
         h, _ = drafter(plain.k, plain.v, args[2], args[3])
         out = draft(drafter, cache, RoundInputs(*args))
-        yield h[0], out.ids[0], out.confidences[0]
+        yield h[0], out.ids[0], None if out.confidences is None else out.confidences[0]
 
 
 def test_the_fixture_drafts_what_deepspec_drafted():
@@ -53,6 +57,27 @@ def test_the_fixture_drafts_what_deepspec_drafted():
         assert torch.equal(ids, ref[f"ids{i}"]), i
         torch.testing.assert_close(confidences, torch.sigmoid(ref[f"confidence_logits{i}"]),
                                    rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in VARIANTS.iterdir() if p.is_dir()))
+def test_each_variant_drafts_what_deepspec_drafted(name):
+    ref, drafter = reference(VARIANTS / name), load(VARIANTS / name)
+    for i, (h, ids, confidences) in enumerate(our_rounds(drafter, ref)):
+        torch.testing.assert_close(h, ref[f"hidden{i}"], rtol=1e-5, atol=1e-5)
+        assert torch.equal(ids, ref[f"ids{i}"]), i
+        if f"confidence_logits{i}" in ref:
+            torch.testing.assert_close(confidences, torch.sigmoid(ref[f"confidence_logits{i}"]),
+                                       rtol=1e-5, atol=1e-6)
+        else:
+            assert confidences is None and drafter.confidence_head is None
+
+
+def test_the_variants_say_what_deepspec_ignores():
+    sources = load(VARIANTS / "gated_llama3_tied_sliding").sources
+    assert "ignores the 1 sliding layers" in sources["layer_types"]
+    sources = load(VARIANTS / "partial_rotary_tanh_gelu").sources
+    assert "partial_rotary_factor=0.25 ignored" in sources["rope_scaling"]
+    assert "factor ignored" in sources["rope_scaling"]
 
 
 def test_without_its_rope_the_fixture_drafts_something_else(tmp_path):
@@ -114,18 +139,23 @@ DEEPSPEC = os.environ.get("DEEPSPEC_SRC")
 
 @pytest.mark.skipif(not DEEPSPEC, reason="DeepSpec is not on PyPI: DEEPSPEC_SRC=<checkout> "
                     "with DeepSpec's transformers (5.10) runs DeepSpec itself on our save")
-def test_deepspec_loads_our_save_and_drafts_the_same(tmp_path):
+@pytest.mark.parametrize("fixture,checkpoint", [(FIXTURE, CHECKPOINT)] + [
+    (VARIANTS / name, VARIANTS / name) for name in sorted(
+        p.name for p in VARIANTS.iterdir() if p.is_dir())])
+def test_deepspec_loads_our_save_and_drafts_the_same(tmp_path, fixture, checkpoint):
     sys.path[:0] = [DEEPSPEC, str(FIXTURE)]
     from deepspec.modeling.dspark.qwen3.modeling import Qwen3DSparkModel
     from make import rounds
 
-    save_checkpoint(load(), tmp_path, "deepspec")
+    save_checkpoint(load(checkpoint), tmp_path, "deepspec")
     model = Qwen3DSparkModel.from_pretrained(str(tmp_path), attn_implementation="eager")
-    original = load_file(str(CHECKPOINT / "model.safetensors"))
+    original = load_file(str(checkpoint / "model.safetensors"))
     state = model.state_dict()
     assert state.keys() == original.keys()
     for key in original:
         assert torch.equal(state[key], original[key]), key
-    drafted, ref = rounds(model.float().eval()), reference()
-    for key in ("ids0", "ids1"):
-        assert torch.equal(drafted[key], ref[key]), key
+    ref = reference(fixture)
+    count = sum(key.startswith("ids") for key in ref)
+    drafted = rounds(model.float().eval(), (12, 3, 5)[:count])
+    for i in range(count):
+        assert torch.equal(drafted[f"ids{i}"], ref[f"ids{i}"]), i

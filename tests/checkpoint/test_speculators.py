@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from transformers import LlamaConfig
 from speculators_reference import (edit_config, load_reference, reference_draft,
                                    write_checkpoint, write_verifier)
 
@@ -36,6 +37,32 @@ CASES = {
                     use_sliding_window=True, attention_bias=True,
                     hidden_act="gelu_pytorch_tanh"),
         aux=(0, 2, 4), sliding_window_non_causal=True, markov_head_type="rnn"),
+    # the rnn head in the 1+k layout: the anchor's slot runs the recurrence first
+    "rnn, 1+k": dict(layers={}, sample_from_anchor=False, markov_head_type="rnn"),
+    # Llama layer configs (speculators' trainer copies a Llama target's): Qwen3 layers
+    # configured by LlamaConfig, its defaults (head_dim from hidden_size) and biases
+    "llama layers": dict(layers=dict(head_dim=None, attention_bias=True, mlp_bias=True,
+                                     rope_parameters={"rope_type": "llama3", "rope_theta": 5e5,
+                                                      "factor": 8.0, "low_freq_factor": 1.0,
+                                                      "high_freq_factor": 4.0,
+                                                      "original_max_position_embeddings": 64}),
+                         config_class=LlamaConfig, markov_head_type="gated"),
+    # no Markov head (the base argmax), no confidence head
+    "no markov head": dict(layers={}, markov_rank=0, confidence_head_with_markov=False),
+    "no confidence head": dict(layers={}, enable_confidence_head=False, draft_vocab=128),
+    # per-layer-type RoPE (speculators takes the sliding entry), keys a type ignores, a
+    # partial rotary factor the Qwen3 layers' default RoPE ignores, swish
+    "nested rope, ignored keys, swish": dict(
+        layers=dict(hidden_act="swish", rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "linear", "rope_theta": 2e4, "factor": 3.0,
+                                  "beta_fast": 4}})),
+    "partial rotary, gelu_new, dynamic": dict(
+        layers=dict(hidden_act="gelu_new", max_position_embeddings=8192, rope_parameters={
+            "rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0})),
+    "partial rotary (default rope)": dict(
+        layers=dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                     "partial_rotary_factor": 0.25})),
 }
 # per case: config fields whose removal must change what is drafted ("tl." = under
 # transformer_layer_config)
@@ -44,8 +71,12 @@ REMOVED = {
     "d2t, sliding causal, 1+k": ["tl.layer_types", "sample_from_anchor", "tl.rope_parameters"],
     "tap -1, bias, gelu, non-causal window, rnn": [
         "sliding_window_non_causal", "tl.hidden_act", "tl.attention_bias", "markov_head_type"],
+    "rnn, 1+k": ["sample_from_anchor"],
+    "llama layers": ["tl.rope_parameters", "tl.attention_bias"],
+    "no markov head": ["markov_rank"],
+    "nested rope, ignored keys, swish": ["tl.rope_parameters"],
 }
-ANCHORS = (9, 30)  # one inside the windows, one past them
+ANCHORS = (9, 14, 30)  # rounds of one request: inside the windows, then past them
 
 
 @pytest.fixture(scope="module")
@@ -71,28 +102,47 @@ def seeded_sequence(seed: int, width: int):
 
 
 @torch.no_grad()
-def our_draft(drafter, features, ids, anchor):
-    lane = drafter.lane
-    args = (features[None, :anchor], torch.tensor([anchor]), ids[anchor:anchor + 1],
-            torch.tensor([anchor]))
-    cache = KVCache.allocate(lane, 1, "cpu")
-    drafter.append_context(cache.k, cache.v, *args[:2], args[3])
-    h, base = drafter(cache.k, cache.v, args[2], args[3])
-    out = draft(drafter, KVCache.allocate(lane, 1, "cpu"), RoundInputs(*args))
-    return h[0], base[0], out.ids[0], out.confidences[0]
+def our_rounds(drafter, features, ids):
+    """One request's rounds at :data:`ANCHORS`, each appending the context rows since the
+    last: h, U (from the block alone) and the draft step's ids and confidences."""
+    lane, start = drafter.lane, 0
+    cache, plain = KVCache.allocate(lane, 1, "cpu"), KVCache.allocate(lane, 1, "cpu")
+    for anchor in ANCHORS:
+        inputs = RoundInputs(features[None, start:anchor], torch.tensor([anchor - start]),
+                             ids[anchor:anchor + 1], torch.tensor([anchor]))
+        h, base, _ = drafter.block(plain.k, plain.v, inputs.anchor, inputs.anchor_pos,
+                                   inputs.features, inputs.num_new)
+        out = draft(drafter, cache, inputs)
+        start = anchor
+        yield h[0], base[0], out.ids[0], None if out.confidences is None else out.confidences[0]
 
 
 def drafts_like_reference(drafter, model) -> bool:
     features, ids = seeded_sequence(1, drafter.lane.feature_size)
-    for anchor in ANCHORS:
-        mine = our_draft(drafter, features, ids, anchor)
+    for anchor, mine in zip(ANCHORS, our_rounds(drafter, features, ids)):
         ref = reference_draft(model, features, ids, anchor)
-        if mine[0].shape != ref[0].shape:
+        if mine[0].shape != ref[0].shape or (mine[3] is None) != (ref[3] is None):
             return False
-        close = [torch.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in zip(mine, ref)]
+        close = [torch.allclose(a, b, rtol=1e-4, atol=1e-4)
+                 for a, b in zip(mine, ref) if a is not None]
         if not (all(close) and torch.equal(mine[2], ref[2])):
             return False
     return True
+
+
+def assert_drafts_like_reference(drafter, model):
+    features, ids = seeded_sequence(1, drafter.lane.feature_size)
+    for anchor, (h, base, drafted, confidences) in zip(ANCHORS, our_rounds(drafter, features,
+                                                                          ids)):
+        h_ref, base_ref, drafted_ref, confidences_ref = reference_draft(model, features, ids,
+                                                                        anchor)
+        torch.testing.assert_close(h, h_ref, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(base, base_ref, rtol=1e-4, atol=1e-4)
+        assert torch.equal(drafted, drafted_ref), anchor
+        if confidences_ref is None:
+            assert confidences is None
+        else:
+            torch.testing.assert_close(confidences, confidences_ref, rtol=1e-5, atol=1e-6)
 
 
 def load(path, verifier):
@@ -102,16 +152,7 @@ def load(path, verifier):
 @pytest.mark.parametrize("name", CASES)
 def test_a_speculators_checkpoint_drafts_what_speculators_drafts(checkpoints, verifier, name):
     path, model = checkpoints[name]
-    drafter = load(path, verifier)
-    features, ids = seeded_sequence(1, drafter.lane.feature_size)
-    for anchor in ANCHORS:
-        h, base, drafted, confidences = our_draft(drafter, features, ids, anchor)
-        h_ref, base_ref, drafted_ref, confidences_ref = reference_draft(model, features, ids,
-                                                                        anchor)
-        torch.testing.assert_close(h, h_ref, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(base, base_ref, rtol=1e-4, atol=1e-4)
-        assert torch.equal(drafted, drafted_ref), anchor
-        torch.testing.assert_close(confidences, confidences_ref, rtol=1e-5, atol=1e-6)
+    assert_drafts_like_reference(load(path, verifier), model)
 
 
 @pytest.mark.parametrize("name,field", [(n, f) for n, fields in REMOVED.items() for f in fields])
@@ -132,11 +173,49 @@ def test_without_the_field_the_checkpoint_drafts_something_else(checkpoints, ver
     assert not drafts_like_reference(drafter, model)
 
 
-def test_the_tensors_left_to_the_verifier_are_named_when_it_is_missing(checkpoints):
+def test_without_verifier_the_one_its_config_names_is_read(checkpoints):
+    path, model = checkpoints["full vocab, linear rope"]  # it names a local directory
+    assert_drafts_like_reference(load_checkpoint(path, lane_config("tiny", dtype="float32"),
+                                                 "cpu"), model)
+
+
+@pytest.mark.parametrize("named", [None, "org/some-target-on-a-hub"])
+def test_a_verifier_that_is_not_a_local_directory_asks_for_one(checkpoints, tmp_path, named):
     path, _ = checkpoints["full vocab, linear rope"]
-    with pytest.raises(CheckpointError, match=r"embed_tokens.weight', 'lm_head.weight'.*"
-                                              "verifier=DIR"):
-        load_checkpoint(path, lane_config("tiny"), "cpu")
+    for item in path.iterdir():
+        (tmp_path / item.name).write_bytes(item.read_bytes())
+    edit_config(tmp_path, lambda c: c["speculators_config"]["verifier"].update(
+        name_or_path=named))
+    with pytest.raises(CheckpointError, match=r"not a local directory.*verifier=DIR.*"
+                       r"embed_tokens.weight', 'lm_head.weight'" if named else
+                       r"names no verifier.*verifier=DIR"):
+        load_checkpoint(tmp_path, lane_config("tiny"), "cpu")
+
+
+@pytest.mark.parametrize("keys", [
+    ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"],
+    ["embed_tokens.weight", "model.layers.0.mlp.up_proj.weight"],
+    ["tok_embeddings.weight", "output.weight"],
+    ["model.tok_embeddings.weight", "model.output.weight", "layers.0.output.weight"],
+    ["llm.embed.weight", "llm.unembed.weight"],
+    ["backbone.embeddings.weight", "lm_head.weight", "model.embed_tokens.weight"],
+])
+def test_verifier_names_resolve_as_speculators_resolves_them(tmp_path, keys):
+    """Our resolution against speculators' own (``_resolve_key``) on each key set, and the
+    tensors read: a target without an lm_head ties it to its embeddings."""
+    from safetensors.torch import save_file
+    from speculators.utils.loading import _resolve_key
+
+    from dspark_compile.checkpoint.verifier import EMBED, LM_HEAD, verifier_tensors
+
+    tensors = {key: torch.full((4, 2), float(i)) for i, key in enumerate(keys)}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    got = verifier_tensors(tmp_path, [EMBED, LM_HEAD])
+    weight_map = dict.fromkeys(keys, "model.safetensors")
+    embed = _resolve_key(EMBED, weight_map)
+    head = _resolve_key(LM_HEAD, weight_map) or embed
+    assert torch.equal(got[EMBED], tensors[embed])
+    assert torch.equal(got[LM_HEAD], tensors[head])
 
 
 def test_the_loaded_lane_says_where_each_field_came_from(checkpoints, verifier):

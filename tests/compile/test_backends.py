@@ -11,6 +11,8 @@ from dspark_compile.compile.backends import REGISTRY, get_backend
 from dspark_compile.checkpoint import random_drafter
 from dspark_compile.config import CONF_DIR, lane_config
 from dspark_compile.draft import DraftStep
+from dspark_compile.runtime import load_runner
+from dspark_compile.tools.rounds import synthetic_rounds
 from dspark_compile.errors import ConfigError, MissingBackendError
 
 CPU_BACKENDS = ["eager", "inductor", "aoti", "onnx"]
@@ -76,6 +78,26 @@ def test_the_exported_step_calls_the_attention_kernel_in_place_of_sdpa(device,
     targets = exported_targets(lane, device)
     assert targets.count(torch.ops.dspark.block_attention.default) == lane.num_layers
     assert not any("scaled_dot_product" in str(t) for t in targets)
+
+
+NO_HEADS = dict(markov_rank=0, confidence_head=False, confidence_with_markov=False)
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor", "aoti"])
+def test_artifacts_of_a_drafter_without_heads_are_token_identical(built_artifact, fresh_verify,
+                                                                  device, backend):
+    """No Markov head (the ids are the base argmax) and no confidence head: the runner
+    returns no confidences, and the ids are the host path's."""
+    if device.type != "cuda" and backend != "eager":
+        pytest.skip("a CPU build of inductor or aoti takes minutes; these run on CUDA")
+    artifact = built_artifact(backend, "tiny_d2t", **NO_HEADS)
+    code, report, stderr = fresh_verify(artifact, "temperature=1.0", "rounds=12")
+    assert code == 0, stderr
+    assert report["identical"] and report["tokens_compared"] > 0
+    runner = load_runner(artifact, device=str(device))
+    inputs = next(iter(synthetic_rounds(runner.lane, 2, 16, 1, seed=0, device=str(device))))
+    out = runner.draft(inputs, [runner.admit() for _ in range(2)])
+    assert out.confidences is None and out.ids.shape == (2, runner.lane.k)
 
 
 # gate|up and the lm_head 4096 features wide: enough 64-feature tiles for the skinny GEMM

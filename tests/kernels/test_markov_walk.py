@@ -78,7 +78,7 @@ for R in (1, 20):  # padded to 16 (resident walk) and 32 rows (a launch per step
         seed = torch.arange(R) * 7
         anchor_pos = torch.arange(R) + 40
         h = torch.zeros(R, lane.k, lane.hidden_size, dtype=torch.bfloat16)
-        ids, _, z = markov_loop(drafter, h, base, anchor, temperature, seed, anchor_pos)
+        ids, _, z = markov_loop(drafter, h, base, None, anchor, temperature, seed, anchor_pos)
     top = z.float()
     ties = int(((top == top.max(-1, keepdim=True).values).sum(-1) > 1)[0::2].sum())
     for name, launch in launches.items():

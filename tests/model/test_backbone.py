@@ -13,7 +13,7 @@ from transformers.activations import ACT2FN
 
 from dspark_compile import kernels
 from dspark_compile.checkpoint import empty_drafter, random_drafter
-from dspark_compile.config import lane_config
+from dspark_compile.config import Layout, lane_config
 from dspark_compile.draft import KVCache
 from dspark_compile.draft.markov import markov_loop
 from dspark_compile.model import backbone
@@ -77,8 +77,8 @@ def full_recompute(drafter, context, anchor, s):
         xn = rms(x, sd[p + "post_attention_layernorm.weight"], eps)
         gate = act(xn @ sd[p + "mlp.gate_proj.weight"].T)
         x = x + (gate * (xn @ sd[p + "mlp.up_proj.weight"].T)) @ sd[p + "mlp.down_proj.weight"].T
-    h = rms(x, sd["norm.weight"], eps)[n - lane.k:]
-    return h, h @ sd["lm_head.weight"].T
+    h = rms(x, sd["norm.weight"], eps)  # every block row, the anchor's of 1+k included
+    return h, h[n - lane.k:] @ sd["lm_head.weight"].T
 
 
 def cached_and_recomputed(lane, device):
@@ -96,8 +96,9 @@ def cached_and_recomputed(lane, device):
                 n, s = int(inputs.num_new[r]), int(inputs.anchor_pos[r])
                 history[r, s - n:s] = inputs.features[r, :n].cpu().double()
             # the draft step's call: the context rows appended inside the layers' GEMMs
-            h, logits = drafter(cache.k, cache.v, inputs.anchor, inputs.anchor_pos,
-                                *inputs.tensors()[:2])
+            h = drafter.hidden_rows(cache.k, cache.v, inputs.anchor, inputs.anchor_pos,
+                                    *inputs.tensors()[:2])
+            logits = drafter.lm_head(drafter.drafted(h))
             for r in range(batch):
                 s = int(inputs.anchor_pos[r])
                 h_ref, logits_ref = full_recompute(oracle, history[r, :s],
@@ -112,6 +113,8 @@ def cached_and_recomputed(lane, device):
     ("tiny", {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 7,
               "sliding_causal": False, "attention_bias": True, "hidden_act": "gelu_pytorch_tanh"}),
     ("tiny_d2t", {"hidden_act": "gelu", "attention_bias": True}),
+    ("tiny", {"hidden_act": "gelu_new", "markov_rank": 0, "confidence_with_markov": False}),
+    ("tiny_d2t", {"hidden_act": "swish", "layout": "one_plus_k", "markov_head": "gated"}),
 ])
 @pytest.mark.parametrize("fold", [True, False])
 def test_cached_draft_step_matches_full_recompute(lane_name, changes, fold, monkeypatch):
@@ -127,16 +130,25 @@ def test_cached_draft_step_matches_full_recompute(lane_name, changes, fold, monk
         torch.testing.assert_close(logits, logits_ref, rtol=1e-9, atol=1e-9)
         greedy = (inputs.anchor[r:r + 1], torch.zeros(1), torch.zeros(1, dtype=torch.long),
                   inputs.anchor_pos[r:r + 1])
-        ids, _, _ = markov_loop(drafter, h_ref[None], logits_ref[None], *greedy)
-        cached_ids, _, _ = markov_loop(drafter, h[None], logits[None], *greedy)
+        ids, _, _ = walk(drafter, h_ref, logits_ref, greedy)
+        cached_ids, _, _ = walk(drafter, h, logits, greedy)
         assert torch.equal(cached_ids, ids)
+
+
+def walk(drafter, rows, logits, greedy):
+    """The greedy walk of one request's block ``rows`` (every block row) and logits."""
+    anchor_row = rows[None, 0] if drafter.lane.layout is Layout.one_plus_k else None
+    rows = drafter.drafted(rows[None])
+    head = drafter.markov_head
+    state = None if head is None else head.initial_state(greedy[0], anchor_row, rows)
+    return markov_loop(drafter, rows, logits[None], state, *greedy)
 
 
 FUSED_ATTENTION_RECOMPUTE = """
 import sys, torch
 sys.path.insert(0, sys.argv[1])
 from test_backbone import cached_and_recomputed, SLIDING
-from dspark_compile.config import lane_config
+from dspark_compile.config import Layout, lane_config
 for changes in ({}, SLIDING):
     lane = lane_config("tiny", dtype="float32", fused_attention=True, **changes)
     for _, _, _, h, logits, h_ref, logits_ref in cached_and_recomputed(lane, "cpu"):

@@ -40,7 +40,7 @@ class BusyError : public std::runtime_error {
 // One round's outputs for the requested slots, in their order, on the host.
 struct DraftOutput {
   at::Tensor ids;          // [R, k] int64, target vocabulary
-  at::Tensor confidences;  // [R, k] float32
+  at::Tensor confidences;  // [R, k] float32; undefined for a drafter without a confidence head
 };
 
 // A loaded artifact with its own KV cache and request slots. Every file's sha256 is checked
