@@ -18,6 +18,7 @@ from dspark_compile.errors import DSparkError
 from dspark_compile.tools.bench import bench
 from dspark_compile.tools.commands import VerifyConfig, register_configs, to_config
 from dspark_compile.tools.compile_job import compile_job
+from dspark_compile.tools.composition import check_overrides
 from dspark_compile.tools.sweep import run_job
 from dspark_compile.tools.verify import record_rounds, verify_artifact
 
@@ -49,7 +50,19 @@ def command(name: str, config_name: str, needs: tuple[str, str] | None = None
             if "--debug" in sys.argv:
                 sys.argv.remove("--debug")
                 os.environ["HYDRA_FULL_ERROR"] = "1"
-            task()
+            try:
+                overrides = sys.argv[1:]
+                if not any(arg.startswith("-") for arg in overrides):  # flags: Hydra's own
+                    check_overrides(config_name, overrides)
+                task()
+            except DSparkError as err:  # composition errors, before Hydra runs
+                print(f"{name}: {type(err).__name__}: {err}", file=sys.stderr)
+                raise SystemExit(2) from None
+            except KeyboardInterrupt:
+                if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                    raise
+                print(f"{name}: interrupted", file=sys.stderr)
+                raise SystemExit(130) from None
         return main
     return wrap
 

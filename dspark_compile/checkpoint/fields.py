@@ -9,6 +9,7 @@ paths) keep the lane's value.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 from dspark_compile.config import LAYER_TYPES, SCALING_TYPES, LaneConfig, check_rope_scaling
@@ -76,12 +77,18 @@ class Reading:
     def refuse(self, key: str, value: Any, supported: str) -> CheckpointError:
         return CheckpointError(f"config.json {self.prefix}{key}={value!r}: {supported}")
 
-    def lane(self, lane: LaneConfig, path: str) -> tuple[LaneConfig, dict[str, str]]:
-        """``lane`` with the fields read, and the source of every lane field."""
+    def lane(self, lane: LaneConfig) -> tuple[LaneConfig, dict[str, str]]:
+        """``lane`` with the fields read, and the source of every lane field. A value the
+        lane refuses is blamed on the config.json key it came from."""
         try:
             loaded = lane.replace(**self.fields)
-        except (ConfigError, TypeError, ValueError) as err:
-            raise CheckpointError(f"{path}: {err}") from None
+        except ConfigError as err:
+            refused = re.match(r"lane '[^']*': (\w+)=(.*)", str(err))
+            if refused and refused[1] in self.sources:
+                raise CheckpointError(f"{self.sources[refused[1]]}={refused[2]}") from None
+            raise CheckpointError(str(err)) from None
+        except (TypeError, ValueError) as err:
+            raise CheckpointError(str(err)) from None
         sources = {name: self.sources.get(name, f"lane {lane.name!r}")
                    for name in lane.to_dict()}
         return loaded, sources

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
@@ -38,7 +39,11 @@ def read_lane(config: dict[str, Any], lane: LaneConfig, path: Path
     """``lane`` with every field the checkpoint's config.json sets, and each field's source."""
     reader = (speculators if checkpoint_format(config) is Format.speculators else deepspec).read
     try:
-        return reader(config).lane(lane, str(path))
+        reading = reader(config)
+        # its artifacts are named after the checkpoint, whose geometry is not the lane's
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", path.resolve().parent.name) or "checkpoint"
+        reading.put("name", name, "the checkpoint's directory")
+        return reading.lane(lane)
     except CheckpointError as err:
         raise CheckpointError(f"{path}: {err}") from None
     except (TypeError, ValueError, AttributeError) as err:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dspark_compile import kernels, progress
 from dspark_compile.checkpoint import cast_drafter
-from dspark_compile.compile.backends import example_inputs, get_backend
+from dspark_compile.compile.backends import check_installed, example_inputs, get_backend
 from dspark_compile.compile.key import ArtifactKey, environment, tensors_sha256
 from dspark_compile.compile.store import build_or_reuse, save_weights
 from dspark_compile.draft import DraftStep
@@ -20,6 +20,7 @@ def build_artifact(drafter: Drafter, backend_name: str, buckets: list[int],
     """Compile ``drafter``'s draft step with one backend for these batch buckets, or reuse
     the artifact already built for the same key. Returns its directory and whether it was
     built. ``with_probs``: the step also returns q, for rejection sampling."""
+    check_installed(backend_name)
     backend = get_backend(backend_name)
     device = drafter.fc.weight.device
     devices = getattr(backend, "DEVICES", ("cpu", "cuda"))

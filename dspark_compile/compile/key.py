@@ -87,14 +87,17 @@ def triton_version() -> Optional[str]:
 
 
 def environment(device: torch.device | str) -> dict[str, Any]:
-    """What compiled code depends on, for ``device``: versions, hardware, our own source."""
+    """What compiled code depends on, for ``device``: versions, hardware, our own source.
+    Triton only on CUDA: a CPU artifact's code never imports it, so installing or removing
+    it must not make another key."""
     device = torch.device(device)
     env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
-                           "triton": triton_version(), "cuda": torch.version.cuda,
-                           "dspark_code": code_fingerprint(), "device_type": device.type}
+                           "cuda": torch.version.cuda, "dspark_code": code_fingerprint(),
+                           "device_type": device.type}
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
-        env.update(gpu=torch.cuda.get_device_name(device), capability=f"{major}.{minor}")
+        env.update(gpu=torch.cuda.get_device_name(device), capability=f"{major}.{minor}",
+                   triton=triton_version())
     else:
         env.update(machine=platform.machine(), cpu_isa=torch.backends.cpu.get_cpu_capability())
     return env

@@ -41,7 +41,6 @@ def build_or_reuse(key: ArtifactKey, root: Path,
     wait for each other, so they all end with the same artifact.
     """
     final = key.directory(root)
-    final.parent.mkdir(parents=True, exist_ok=True)
     locks = Path(root) / ".locks"
     locks.mkdir(parents=True, exist_ok=True)
     with locked(locks / f"{final.parent.parent.name}.{final.parent.name}.{final.name}"):
@@ -57,6 +56,9 @@ def build_or_reuse(key: ArtifactKey, root: Path,
             except ArtifactError as err:
                 print(f"rebuilding {final}: {err}", file=sys.stderr)
                 shutil.rmtree(final)
+        else:
+            _say_why_not_reused(key, Path(root), final)
+        final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:
@@ -75,7 +77,36 @@ def build_or_reuse(key: ArtifactKey, root: Path,
             os.rename(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+            _remove_empty(final.parent, Path(root))
     return final, True
+
+
+def _say_why_not_reused(key: ArtifactKey, root: Path, final: Path) -> None:
+    """One line on stderr where an artifact of the same lane, weights, backend and buckets
+    exists for another environment: what differs, so a rebuild is never silent."""
+    for path in root.glob(f"{key.lane['name']}-*/{final.parent.name}/{final.name}/{MANIFEST}"):
+        try:
+            other = json.loads(path.read_text())
+            same = (other["lane"], other["weights_sha256"]) == (key.lane, key.weights_sha256)
+            env = other["env"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        differs = [f"{name} {env.get(name)!r} -> {key.env.get(name)!r}"
+                   for name in sorted(set(env) | set(key.env)) if env.get(name) != key.env.get(name)]
+        if same and differs:
+            print(f"building anew: {path.parent} was built in another environment "
+                  f"({'; '.join(differs)})", file=sys.stderr)
+            return
+
+
+def _remove_empty(directory: Path, root: Path) -> None:
+    """``directory`` and its parents up to ``root``, where a failed build left them empty."""
+    while directory != root and directory.is_relative_to(root):
+        try:
+            directory.rmdir()
+        except OSError:
+            return
+        directory = directory.parent
 
 
 def save_weights(tensors: dict[str, torch.Tensor], directory: Path) -> None:
@@ -210,13 +241,23 @@ def _plain_name(name: str) -> bool:
 
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on ``path`` (created if missing) between processes."""
-    with open(path, "a") as handle:
+    """An exclusive lock on ``path`` between processes, the file removed again on release:
+    a waiter that then holds a file no longer at ``path`` opens it anew."""
+    while True:
+        handle = open(path, "a")
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        handle.close()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        handle.close()
 
 
 def _remove_stale_temporaries(final: Path) -> None:

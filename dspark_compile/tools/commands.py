@@ -131,6 +131,9 @@ def to_config(cfg: DictConfig) -> Any:
     if unknown:
         raise ConfigError(f"unknown fields {unknown}: not in the schema (a misspelt "
                           "name, or a '+' that added it)")
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(f"{', '.join(missing)}: required; pass {missing[0]}=<value>")
     return OmegaConf.to_object(cfg)
 
 
@@ -143,7 +146,7 @@ def _unknown_keys(node: DictConfig, prefix: str) -> list[str]:
     for key in node.keys():
         if key not in names:
             unknown.append(f"{prefix}{key}")
-        elif isinstance(node[key], DictConfig):
+        elif not OmegaConf.is_missing(node, key) and isinstance(node[key], DictConfig):
             unknown += _unknown_keys(node[key], f"{prefix}{key}.")
     return unknown
 

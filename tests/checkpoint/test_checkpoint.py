@@ -50,7 +50,7 @@ def test_deepspec_round_trip_and_key_layout(tmp_path, head):
     assert config["target_layer_ids"] == lane.target_layer_ids
     assert config["markov_head_type"] == head and config["block_size"] == lane.k
     loaded = load_checkpoint(tmp_path, lane_config("tiny"), "cpu")
-    assert loaded.lane == drafter.lane
+    assert loaded.lane == drafter.lane.replace(name=tmp_path.name)  # named after the folder
     assert_same_weights(drafter, loaded)
 
 
@@ -67,7 +67,7 @@ def test_speculators_round_trip_keeps_d2t(tmp_path):
     assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
     assert int(tensors["t2d"].sum()) == lane.draft_vocab_size
     loaded = load_checkpoint(tmp_path, lane_config("tiny"), "cpu")
-    assert loaded.lane == drafter.lane.replace(name="tiny")  # the geometry: config.json
+    assert loaded.lane == drafter.lane.replace(name=tmp_path.name)  # the geometry: config.json
     assert_same_weights(drafter, loaded)
 
 

@@ -16,7 +16,7 @@ import dspark_compile
 from dspark_compile.compile import build_artifact
 from dspark_compile.compile.key import (ArtifactKey, compiled_sources, environment,
                                         imported_modules)
-from dspark_compile.compile import store
+from dspark_compile.compile import key as key_module, store
 from dspark_compile.compile.store import ARTIFACT_WEIGHTS, MANIFEST, read_manifest
 from dspark_compile.checkpoint import random_drafter
 from dspark_compile.config import lane_config
@@ -178,7 +178,16 @@ def test_the_environment_names_the_triton_that_imports():
     """The environment reads Triton's version from its package's metadata; the module
     itself must say the same (where it is installed)."""
     triton = pytest.importorskip("triton", reason="CPU wheels of torch come without Triton")
-    assert environment("cpu")["triton"].split("+")[0] == triton.__version__  # +git: nightly
+    assert key_module.triton_version().split("+")[0] == triton.__version__  # +git: nightly
+
+
+def test_a_cpu_key_does_not_move_when_triton_comes_or_goes(monkeypatch):
+    """The tests' set-up installs Triton into the environment the main command built in:
+    a CPU artifact's code never imports it, so its key must stay."""
+    monkeypatch.setattr(key_module, "triton_version", lambda: None)
+    without = environment("cpu")
+    monkeypatch.setattr(key_module, "triton_version", lambda: "3.6.0")
+    assert environment("cpu") == without and "triton" not in without
 
 
 def test_the_import_scan_finds_every_import_the_python_parser_finds():

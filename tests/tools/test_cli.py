@@ -47,8 +47,3 @@ def test_main_command_reuses_and_takes_overrides(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "reused " in result.stdout and "tiny_d2t  2" in result.stdout
 
-
-def test_main_command_names_an_unknown_key():
-    result = run("lane.nope=1")
-    assert result.returncode != 0
-    assert "Key 'nope' not in 'LaneConfig'" in result.stderr

@@ -11,7 +11,8 @@ depend on the weights (its imports come with it), which the runtime runs on a th
 the weights are read, before ``load``; set ``LOADS_WITHOUT_WEIGHTS`` where ``load`` only
 keeps the step and reads its weights when called, so the runtime runs ``load`` on that
 thread too, the step's tensors still on the meta device; and set ``DEVICES`` (device types
-it runs on) and ``DTYPE`` (a dtype it forces).
+it runs on), ``DTYPE`` (a dtype it forces), and ``NEEDS`` (modules its build imports) with
+``INSTALL`` (the command that brings them).
 On a GPU the runtime records each bucket's callable as one CUDA graph.
 Adding a backend is one module plus one line here.
 """
@@ -19,6 +20,7 @@ Adding a backend is one module plus one line here.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import ModuleType
 
 import torch
@@ -26,7 +28,7 @@ from torch import Tensor, nn
 
 from dspark_compile.config import LaneConfig
 from dspark_compile.draft import DraftStep, KVCache
-from dspark_compile.errors import ConfigError
+from dspark_compile.errors import ConfigError, MissingBackendError
 
 REGISTRY = {
     "eager": "dspark_compile.compile.backends.eager",
@@ -41,6 +43,16 @@ def get_backend(name: str) -> ModuleType:
     if name not in REGISTRY:
         raise ConfigError(f"unknown backend {name!r}; known backends: {sorted(REGISTRY)}")
     return importlib.import_module(REGISTRY[name])
+
+
+def check_installed(name: str) -> None:
+    """:class:`MissingBackendError` (with its install command) unless every module backend
+    ``name`` builds with can be imported: before a build writes anything."""
+    backend = get_backend(name)
+    missing = [m for m in getattr(backend, "NEEDS", ()) if importlib.util.find_spec(m) is None]
+    if missing:
+        raise MissingBackendError(f"backend {name!r} needs {', '.join(missing)}: "
+                                  f"{backend.INSTALL}")
 
 
 def example_inputs(lane: LaneConfig, batch: int, device: torch.device

@@ -34,12 +34,15 @@ def _model(out_dir: Path, bucket: int) -> Path:
     return out_dir / f"bucket{bucket}.onnx"
 
 
+INSTALL = "pip install 'dspark-compile[onnx]'"
+NEEDS = ("onnx", "onnxruntime", "onnxscript")  # checked before a build writes anything
+
+
 def _require(module: str):
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        raise MissingBackendError(f"backend 'onnx' needs {module}: "
-                                  "pip install 'dspark-compile[onnx]'") from err
+        raise MissingBackendError(f"backend 'onnx' needs {module}: {INSTALL}") from err
 
 
 def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:

@@ -20,6 +20,7 @@ from dspark_compile import progress
 
 DEVICES = ("cuda",)
 INSTALL = "pip install 'dspark-compile[tensorrt]' (a torch-tensorrt build matching your torch)"
+NEEDS = ("torch_tensorrt",)  # checked before a build writes anything
 
 
 def _torch_tensorrt():
