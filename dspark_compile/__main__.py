@@ -1,14 +1,17 @@
-"""``python -m dspark_compile [verify|bench|sweep] [overrides]``: the commands without their
-console scripts (``dspark-compile`` when no command is named)."""
+"""``python -m dspark_compile [verify|bench|sweep|artifacts] [arguments]``: the commands
+without their console scripts (``dspark-compile`` when no command is named)."""
 
 import sys
 
-from dspark_compile import cli
+if len(sys.argv) > 1 and sys.argv[1] == "artifacts":  # no Hydra for the cache's command
+    from dspark_compile.tools.artifacts import main as artifacts_main
 
-COMMANDS = {"verify": cli.verify_main, "bench": cli.bench_main, "sweep": cli.sweep_main}
-
-if len(sys.argv) > 1 and sys.argv[1] in COMMANDS:
-    main = COMMANDS[sys.argv.pop(1)]
+    sys.argv.pop(1)
+    artifacts_main()
 else:
-    main = cli.compile_main
-main()
+    from dspark_compile import cli
+
+    COMMANDS = {"verify": cli.verify_main, "bench": cli.bench_main, "sweep": cli.sweep_main}
+    main = COMMANDS[sys.argv.pop(1)] if len(sys.argv) > 1 and sys.argv[1] in COMMANDS \
+        else cli.compile_main
+    main()
