@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,27 @@ def test_the_cpp_runner_drafts_the_python_runners_bits_and_passes_the_replay(
             out = runner.draft(round_inputs, slots)
             assert torch.equal(out.ids, drafted[f"b{bucket}.r{index}.ids"]), index
             assert torch.equal(out.confidences, drafted[f"b{bucket}.r{index}.confidences"]), index
+
+
+def test_the_check_script_follows_this_torch_and_writes_only_its_out(draft_cpp, built_artifact,
+                                                                     device, tmp_path):
+    """scripts/cpp_runner_check.py (the README's C++ section presents it), with its own
+    device default: the C++ runner identical to the Python one and the host path, and
+    nothing written beside ``--out``."""
+    artifact = built_artifact("aoti", LANE)
+    out = tmp_path / "check" / "cpp_check.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "cpp_runner_check.py"), str(artifact),
+         "--tool", str(draft_cpp), "--repeats", "5", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, **({} if device.type == "cuda" else {"CUDA_VISIBLE_DEVICES": ""})})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [p.name for p in out.parent.iterdir()] == ["cpp_check.json"]
+    report = json.loads(out.read_text())
+    assert report["device"] == device.type and report["replay_identical"]
+    for row in report["buckets"].values():
+        assert row["cpp_identical_to_python_runner"]
+        assert (row["cpp_host_us"] is None) == (device.type == "cpu")
 
 
 def flip_last_weight_byte(directory: Path) -> None:
