@@ -10,7 +10,11 @@ from dspark_compile.tools.commands import Config, register_configs
 from dspark_compile.config import CONF_DIR, LaneConfig, lane_config
 from dspark_compile.errors import ConfigError
 
-LANES = ["tiny", "tiny_d2t", "qwen36_27b", "qwen36_35b_a3b"]
+LANES = sorted(path.stem for path in (CONF_DIR / "lane").glob("*.yaml"))
+
+
+def test_the_lanes_are_the_ones_the_readme_lists():
+    assert LANES == ["qwen36_27b", "qwen36_35b_a3b", "smollm2_135m", "tiny", "tiny_d2t"]
 
 
 def compose_config(*overrides, conf_dir=CONF_DIR):

@@ -50,3 +50,15 @@ def test_nothing_but_the_entry_script_imports_the_cli():
     importers = [str(path.relative_to(PACKAGE)) for part, path in modules()
                  if "cli" in imports(path) and part != "cli"]
     assert importers == ["__main__.py"]
+
+
+def test_importing_the_package_changes_no_process_wide_setting():
+    import subprocess
+    import sys
+
+    script = ("import torch; torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction"
+              " = True; import dspark_compile; print(torch.backends.cuda.matmul."
+              "allow_bf16_reduced_precision_reduction)")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120)
+    assert result.stdout.strip() == "True", result.stderr

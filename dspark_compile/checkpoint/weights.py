@@ -29,7 +29,12 @@ INDEX = "model.safetensors.index.json"
 def meta_drafter(lane: LaneConfig, device: torch.device | str) -> Drafter:
     """A drafter of ``lane`` for ``device`` (its ``auto`` fast paths decided for it) with no
     storage: its tensors on the meta device, shapes and dtypes only, until filled
-    (``to_empty``, or :func:`load_weights` ``into`` it)."""
+    (``to_empty``, or :func:`load_weights` ``into`` it). On a GPU, cuBLAS then sums bf16
+    GEMMs in fp32: its bf16 split-K reduction can differ between two call sites of one GEMM
+    (eager vs compiled), and token identity needs the same sums (a process-wide setting,
+    made where a drafter for a GPU is, not on import)."""
+    if torch.device(device).type == "cuda":
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     lane = lane.for_device(device)
     with torch.device("meta"):
         return Drafter(lane).to(lane.torch_dtype)
@@ -147,7 +152,9 @@ def load_weights(lane: LaneConfig, files: Path | dict[str, Path], device: torch.
     if lane.has_d2t:
         targets = torch.arange(lane.draft_vocab_size, device=device) + state["d2t"]
         if int(targets.min()) < 0 or int(targets.max()) >= lane.target_vocab_size:
-            raise CheckpointError(f"d2t maps draft ids outside [0, {lane.target_vocab_size})")
+            where = next((str(p) for p, names in by_file.items() if "d2t" in names), "d2t")
+            raise CheckpointError(f"{where}: d2t maps draft ids outside [0, "
+                                  f"{lane.target_vocab_size}) (the vocab_size)")
     drafter.load_state_dict(state, assign=True)
     drafter.fill_rope_tables()
     return drafter.eval()

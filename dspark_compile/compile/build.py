@@ -20,13 +20,13 @@ def build_artifact(drafter: Drafter, backend_name: str, buckets: list[int],
     """Compile ``drafter``'s draft step with one backend for these batch buckets, or reuse
     the artifact already built for the same key. Returns its directory and whether it was
     built. ``with_probs``: the step also returns q, for rejection sampling."""
-    check_installed(backend_name)
     backend = get_backend(backend_name)
     device = drafter.fc.weight.device
     devices = getattr(backend, "DEVICES", ("cpu", "cuda"))
     if device.type not in devices:
         raise ConfigError(f"backend {backend_name!r} runs on {' or '.join(devices)}, "
                           f"not {device.type}")
+    check_installed(backend_name)
     if getattr(backend, "DTYPE", drafter.lane.dtype) != drafter.lane.dtype:
         drafter = cast_drafter(drafter, backend.DTYPE)
     lane = drafter.lane

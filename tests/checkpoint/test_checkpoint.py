@@ -182,10 +182,11 @@ def test_fuzzed_checkpoints_load_or_raise_checkpoint_error(pristine, tmp_path, d
     damage = data.draw(st.sampled_from(["truncate", "flip", "field", "json"]))
     if damage == "truncate":
         weights = weights[:data.draw(st.integers(0, len(weights) - 1))]
-    elif damage == "flip":
+    if damage == "flip":
         at = data.draw(st.integers(0, min(len(weights) - 1, 4096)))  # header and first bytes
         weights = weights[:at] + bytes([weights[at] ^ 0xFF]) + weights[at + 1:]
-    elif damage == "field":
+    key = None
+    if damage == "field":
         key = data.draw(st.sampled_from(sorted(config)))
         config[key] = data.draw(JSON_VALUES)
     text = json.dumps(config)
@@ -193,8 +194,19 @@ def test_fuzzed_checkpoints_load_or_raise_checkpoint_error(pristine, tmp_path, d
         text = text[:data.draw(st.integers(0, len(text) - 1))]
     (tmp_path / CHECKPOINT_WEIGHTS).write_bytes(weights)
     (tmp_path / CONFIG).write_text(text)
+    if damage in ("truncate", "json"):  # never a checkpoint: refused by name, every time
+        with pytest.raises(CheckpointError, match=CHECKPOINT_WEIGHTS if damage == "truncate"
+                           else CONFIG):
+            load_checkpoint(tmp_path, lane_config("tiny"), "cpu")
+        return
     try:
         drafter = load_checkpoint(tmp_path, lane_config("tiny"), "cpu")
-    except CheckpointError:
+    except CheckpointError as err:
+        assert "\n" not in str(err) and str(tmp_path) in str(err)  # one line, the file named
         return
-    assert drafter.fc.weight.device.type == "cpu"  # it loaded: a usable drafter
+    # it loaded: what it holds is the file's, and a changed field reads as written
+    assert drafter.fc.weight.device.type == "cpu"
+    if damage == "field" and key in ("block_size", "mask_token_id", "draft_vocab_size"):
+        field = {"block_size": "k", "mask_token_id": "mask_token_id",
+                 "draft_vocab_size": "draft_vocab_size"}[key]
+        assert getattr(drafter.lane, field) == config[key]

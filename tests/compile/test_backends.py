@@ -1,6 +1,7 @@
 """Each backend on both tiny lanes: build, then dspark-verify in a fresh process."""
 
 import importlib.util
+import inspect
 
 import onnx
 import pytest
@@ -150,7 +151,10 @@ def test_every_backend_config_selects_a_backend_that_compiles_and_loads():
     assert offered == set(REGISTRY)
     for name in offered:
         backend = get_backend(name)
-        assert callable(backend.compile) and callable(backend.load), name
+        assert list(inspect.signature(backend.compile).parameters) == [
+            "step", "examples", "out_dir"], name
+        assert list(inspect.signature(backend.load).parameters)[:3] == [
+            "out_dir", "step", "buckets"], name
 
 
 @pytest.mark.skipif(HAS_TENSORRT, reason="torch_tensorrt is installed")

@@ -33,29 +33,62 @@ def readme_example() -> str:
     return readme.split("```cpp\n", 1)[1].split("```", 1)[0]
 
 
+def readme_cmake() -> str:
+    """The README's lines of an engine's CMake project."""
+    readme = (ROOT / "README.md").read_text()
+    return readme.split("```cmake\n", 1)[1].split("```", 1)[0]
+
+
+CONSUMER = """cmake_minimum_required(VERSION 3.18)
+project(engine CXX)
+set(CMAKE_CXX_STANDARD 17)
+add_executable(engine readme_example.cpp)
+"""
+
+
+def cmake(*args: str) -> None:
+    result = subprocess.run(["cmake", *args], capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
 @pytest.fixture(scope="module")
-def draft_cpp(tmp_path_factory) -> Path:
-    """dspark-draft-cpp, configured and built in this test run, with the README's example
-    built beside it."""
-    if shutil.which("cmake") is None:
-        pytest.skip("no cmake on this machine (pip install cmake)")
+def cpp_build(tmp_path_factory) -> dict[str, Path]:
+    """dspark-draft-cpp, configured, built and installed in this test run, and the README's
+    example built by a project of its own that finds the installed package, as an engine
+    would: their paths, as ``tool`` and ``engine``."""
+    # the dev extra installs both (CMake from PyPI): missing, the suite fails, never skips
+    assert shutil.which("cmake"), "no cmake: pip install -e '.[dev]' brings it"
     # found, not imported: its __init__ needs importlib_resources, which the build does not
     nlohmann_json = importlib.util.find_spec("nlohmann_json")
-    if nlohmann_json is None:
-        pytest.skip("no nlohmann_json (the dev extra's JSON headers)")
-    build = tmp_path_factory.mktemp("cpp-build")
-    example = build / "readme_example.cpp"
-    example.write_text(readme_example())
+    assert nlohmann_json, "no nlohmann_json: pip install -e '.[dev]' brings its headers"
+    build, install, engine = (tmp_path_factory.mktemp(name) for name in
+                              ("cpp-build", "cpp-install", "engine"))
+    jobs = str(os.cpu_count() or 2)
     # no CMAKE_BUILD_TYPE: unoptimised, a third faster to build; the rounds here are tiny
-    configure = ["cmake", "-S", str(CPP), "-B", str(build),
-                 f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
-                 f"-DNLOHMANN_JSON_INCLUDE_DIR={Path(nlohmann_json.origin).parent / 'include'}",
-                 f"-DDSPARK_EXAMPLE={example}"]
-    for command in (configure, ["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2)]):
-        result = subprocess.run(command, capture_output=True, text=True, timeout=900)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert (build / "dspark-example").is_file()  # the README's example compiles as written
-    return build / "dspark-draft-cpp"
+    cmake("-S", str(CPP), "-B", str(build), f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+          f"-DNLOHMANN_JSON_INCLUDE_DIR={Path(nlohmann_json.origin).parent / 'include'}")
+    cmake("--build", str(build), "-j", jobs)
+    cmake("--install", str(build), "--prefix", str(install))
+    (engine / "readme_example.cpp").write_text(readme_example())
+    (engine / "CMakeLists.txt").write_text(CONSUMER + readme_cmake())
+    cmake("-S", str(engine), "-B", str(engine / "build"),
+          f"-DCMAKE_PREFIX_PATH={install};{torch.utils.cmake_prefix_path}")
+    cmake("--build", str(engine / "build"), "-j", jobs)
+    return {"tool": install / "bin" / "dspark-draft-cpp", "engine": engine / "build" / "engine"}
+
+
+@pytest.fixture(scope="module")
+def draft_cpp(cpp_build) -> Path:
+    return cpp_build["tool"]
+
+
+def test_the_readmes_engine_drafts_with_the_installed_package(cpp_build, built_artifact):
+    """The README's C++ example, built by a project of its own against the installed
+    package (the fixture), drafts a round of k ids on an aoti artifact."""
+    result = subprocess.run([str(cpp_build["engine"]), str(built_artifact("aoti", LANE))],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[ CPULongType{1,5} ]" in result.stdout
 
 
 def draft_in_cpp(tool: Path, artifact: Path, rounds: Path, outputs: Path

@@ -3,6 +3,7 @@ import random
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -423,13 +424,20 @@ def test_a_subset_load_still_checks_every_file(two_buckets):
         load_runner(two_buckets, "cpu", buckets=[1])
 
 
-def test_the_runner_says_where_its_load_time_went(runner):
+def test_the_runner_says_where_its_load_time_went(built_artifact, device):
+    """The phases, one after the other, account for the load as a clock outside it saw it
+    (less only the call's own entry and exit)."""
+    start = time.perf_counter()
+    runner = load_runner(built_artifact("eager", "tiny"), device)
+    outside = time.perf_counter() - start
     phases = ["manifest and sha256", "weights and their sha256", "backend load",
               "warm-up and capture"]
     seconds = runner.load_seconds
     assert list(seconds) == phases + ["total", "backend beside the weights"]
     assert all(seconds[p] >= 0 for p in phases)
-    assert seconds["total"] == pytest.approx(sum(seconds[p] for p in phases), abs=1e-3)
+    assert 0.5 * outside <= sum(seconds[p] for p in phases) <= outside
     # the thread starts after the manifest's check and ends within the backend's load
     assert 0 <= seconds["backend beside the weights"] <= (
         seconds["weights and their sha256"] + seconds["backend load"] + 1e-3)
+
+

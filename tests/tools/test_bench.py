@@ -50,7 +50,6 @@ def test_bench_times_every_path_and_writes_json_and_png(tmp_path, device):
         (b, p) for b in (1, 2) for p in ("host", "device (eager)", "runtime (eager)")]
     for r in rows:
         assert r["identical"] and r["ms"] > 0 and r["floor_ms"] > 0
-        assert r["vs_floor"] == pytest.approx(r["ms"] / r["floor_ms"], rel=0.02)
         # the step alone: timed for the runner's rows only
         assert (r["replay_ms"] > 0) if r["path"] == "runtime (eager)" else r["replay_ms"] is None
     # k = 5 int64 ids and float32 confidences a request; the runtime's one download also
