@@ -56,6 +56,8 @@ def command(name: str, config_name: str, needs: tuple[str, str] | None = None
                     check_overrides(config_name, overrides)
                 task()
             except DSparkError as err:  # composition errors, before Hydra runs
+                if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                    raise
                 print(f"{name}: {type(err).__name__}: {err}", file=sys.stderr)
                 raise SystemExit(2) from None
             except KeyboardInterrupt:
