@@ -17,10 +17,12 @@ _current: ContextVar[Optional["Progress"]] = ContextVar("progress", default=None
 class Progress:
     def __init__(self, what: str, stream: TextIO):
         self.what, self.stream, self.start = what, stream, time.perf_counter()
+        self.part = ""  # the part of the build its phases belong to, as "bucket 8 (2/3): "
         self.bar = (tqdm(file=stream, bar_format="{desc} [{elapsed}]", leave=False)
                     if stream.isatty() else None)
 
     def phase(self, name: str) -> None:
+        name = self.part + name
         if self.bar is not None:
             self.bar.set_description_str(f"{self.what}: {name}")
         else:
@@ -33,9 +35,10 @@ class Progress:
 
 
 @contextlib.contextmanager
-def reporting(what: str, stream: TextIO = sys.stderr) -> Iterator[Progress]:
-    """Phases reported inside this block (:func:`phase`) go to ``stream``."""
-    progress = Progress(what, stream)
+def reporting(what: str, stream: Optional[TextIO] = None) -> Iterator[Progress]:
+    """Phases reported inside this block (:func:`phase`) go to ``stream`` (default: the
+    process's stderr at the time)."""
+    progress = Progress(what, stream or sys.stderr)
     token = _current.set(progress)
     try:
         yield progress
@@ -51,7 +54,15 @@ def phase(name: str) -> None:
         progress.phase(name)
 
 
-def buckets(examples: dict) -> Iterator[tuple[int, int, int]]:
-    """``(bucket, i, n)`` over a backend's example inputs, for phases like "bucket 8 (2/3)"."""
-    for i, bucket in enumerate(examples, 1):
-        yield bucket, i, len(examples)
+@contextlib.contextmanager
+def part(name: str) -> Iterator[None]:
+    """Phases reported inside this block name the part of the build they belong to."""
+    progress = _current.get()
+    if progress is None:
+        yield
+        return
+    progress.part = f"{name}: "
+    try:
+        yield
+    finally:
+        progress.part = ""

@@ -16,7 +16,6 @@ import os
 import shutil
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
@@ -30,21 +29,23 @@ from dspark_compile.errors import ArtifactError
 MANIFEST = "manifest.json"
 ARTIFACT_WEIGHTS = "weights.safetensors"
 CHUNK_BYTES = 64 << 20
+FINISHED = ".finished_buckets"  # in a staging directory: the buckets compiled so far
 
 
 def build_or_reuse(key: ArtifactKey, root: Path,
                    write: Callable[[Path], None]) -> tuple[Path, bool]:
     """The artifact for ``key`` under ``root``: reused when a valid one exists, else built.
 
-    ``write(tmp_dir)`` fills a private temporary directory, which becomes visible by one
+    ``write(staging)`` fills a hidden staging directory, which becomes visible by one
     rename once its manifest is written; a file lock makes concurrent builders of one key
-    wait for each other, so they all end with the same artifact.
+    wait for each other, so they all end with the same artifact. A build that stops
+    midway (an error, Ctrl-C) leaves the staging directory only where ``write`` marked a
+    bucket finished in it (:func:`mark_finished`), for the next build of the key to keep.
     """
     final = key.directory(root)
     locks = Path(root) / ".locks"
     locks.mkdir(parents=True, exist_ok=True)
     with locked(locks / f"{final.parent.parent.name}.{final.parent.name}.{final.name}"):
-        _remove_stale_temporaries(final)
         if final.exists():
             try:
                 found = read_manifest(final, key.env)
@@ -58,27 +59,47 @@ def build_or_reuse(key: ArtifactKey, root: Path,
                 shutil.rmtree(final)
         else:
             _say_why_not_reused(key, Path(root), final)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
+        # the directory's path holds the whole key: a staging directory there is this key's
+        staging = final.parent / f".{final.name}.partial"
+        if not (staging / FINISHED).exists():
+            shutil.rmtree(staging, ignore_errors=True)  # a dead build's, with nothing to keep
+        staging.mkdir(parents=True, exist_ok=True)
         try:
             start = time.perf_counter()
             with progress.reporting(f"building {key.backend} {final.name}"):
-                write(tmp)
+                write(staging)
                 progress.phase("hashing the files")
-                files, chunks = hashes(tmp)
+                files, chunks = hashes(staging)
             manifest = {"format_version": FORMAT_VERSION, "key": key.digest(), "lane": key.lane,
                         "weights_sha256": key.weights_sha256, "backend": key.backend,
                         "buckets": list(key.buckets), "with_probs": key.with_probs,
                         "dtype": key.lane["dtype"],
                         "k": key.lane["k"], "env": key.env, "files": files, "chunks": chunks,
                         "build_seconds": round(time.perf_counter() - start, 3)}
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-            os.rename(tmp, final)
+            (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+            (staging / FINISHED).unlink(missing_ok=True)
+            os.rename(staging, final)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if not (staging / FINISHED).exists():
+                shutil.rmtree(staging, ignore_errors=True)
             _remove_empty(final.parent, Path(root))
     return final, True
+
+
+def finished_buckets(staging: Path) -> list[int]:
+    """The buckets an earlier, interrupted build of this key finished in ``staging``."""
+    try:
+        return json.loads((staging / FINISHED).read_text())
+    except (OSError, ValueError):
+        return []
+
+
+def mark_finished(staging: Path, bucket: int) -> None:
+    """Record that ``bucket``'s payload in ``staging`` is complete (by one rename)."""
+    done = sorted({*finished_buckets(staging), bucket})
+    part = staging / f"{FINISHED}.part"
+    part.write_text(json.dumps(done))
+    os.replace(part, staging / FINISHED)
 
 
 def _say_why_not_reused(key: ArtifactKey, root: Path, final: Path) -> None:
@@ -166,8 +187,10 @@ _SCHEMA = {"format_version": int, "key": str, "lane": dict, "weights_sha256": st
 
 
 def hashes(directory: Path) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
-    """Each file's sha256, and for a file past :data:`CHUNK_BYTES` each chunk's."""
-    sizes = {p: p.stat().st_size for p in sorted(directory.iterdir()) if p.is_file()}
+    """Each file's sha256, and for a file past :data:`CHUNK_BYTES` each chunk's (not the
+    hidden files of a staging directory)."""
+    sizes = {p: p.stat().st_size for p in sorted(directory.iterdir())
+             if p.is_file() and not p.name.startswith(".")}
     with _pool() as pool:
         whole = {p: pool.submit(file_sha256, p) for p in sizes}
         parts = {p: [pool.submit(file_sha256, p, offset, CHUNK_BYTES)
@@ -258,10 +281,3 @@ def locked(path: Path) -> Iterator[None]:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         handle.close()
-
-
-def _remove_stale_temporaries(final: Path) -> None:
-    """Temporary directories of builds that died midway: a live builder holds the lock we
-    hold now, so any temporary left for this key is stale."""
-    for tmp in final.parent.glob(f".{final.name}.tmp-*"):
-        shutil.rmtree(tmp, ignore_errors=True)

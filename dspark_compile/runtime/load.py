@@ -7,14 +7,13 @@ import concurrent.futures
 import contextlib
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Optional, Sequence
 
 import torch
 
 from dspark_compile.checkpoint import load_weights, meta_drafter
 from dspark_compile.checkpoint.staging import read_ahead, read_tensors
-from dspark_compile.compile.backends import get_backend
+from dspark_compile.compile.backends import Backend, get_backend
 from dspark_compile.compile.key import environment
 from dspark_compile.compile.store import ARTIFACT_WEIGHTS, read_manifest, sha256_spans
 from dspark_compile.config import LaneConfig, check_device
@@ -77,15 +76,13 @@ def load_runner(artifact_dir: str | Path, device: torch.device | str = "cpu",
 
 
 def _loaded_backend(name: str, directory: Path, device: torch.device, step: DraftStep,
-                    buckets: list[int]) -> tuple[ModuleType, Optional[dict], float]:
+                    buckets: list[int]) -> tuple[Backend, Optional[dict], float]:
     """The backend, prepared, and its loaded steps if it loads without the step's weights
     (else None), with the seconds this took."""
     start = time.perf_counter()
     backend = get_backend(name)
     # this thread's CUDA calls (a load's kernels) on the artifact's device
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        if hasattr(backend, "prepare"):
-            backend.prepare(directory, device)
-        steps = (backend.load(directory, step, buckets)
-                 if getattr(backend, "LOADS_WITHOUT_WEIGHTS", False) else None)
+        backend.prepare(directory, device)
+        steps = backend.load(directory, step, buckets) if backend.LOADS_WITHOUT_WEIGHTS else None
     return backend, steps, time.perf_counter() - start

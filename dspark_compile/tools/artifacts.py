@@ -36,7 +36,7 @@ class Entry:
 
 def entries(root: Path) -> list[Entry]:
     """Every artifact under ``root`` (``<lane>-<hash>/<backend>/<buckets>/``), and the
-    temporaries of builds that died."""
+    staging directories of builds that stopped midway."""
     found = []
     for path in sorted(p for p in root.glob("*/*/*") if p.is_dir()):
         if path.name.startswith("."):

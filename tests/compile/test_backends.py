@@ -2,13 +2,15 @@
 
 import importlib.util
 import inspect
+import sys
+import types
 
 import onnx
 import pytest
 import torch
 
 from dspark_compile.compile import build_artifact
-from dspark_compile.compile.backends import REGISTRY, get_backend
+from dspark_compile.compile.backends import REGISTRY, Backend, get_backend
 from dspark_compile.checkpoint import random_drafter
 from dspark_compile.config import CONF_DIR, lane_config
 from dspark_compile.draft import DraftStep
@@ -124,7 +126,7 @@ def test_artifacts_of_a_skinny_gemm_lane_are_token_identical(built_artifact, fre
 def test_tensorrt_refuses_a_lane_with_a_kernel_of_our_own(tmp_path, field):
     step = DraftStep(random_drafter(lane_config("tiny", **{field: True}), "cpu"))
     with pytest.raises(ConfigError, match=f"{field}=false"):
-        get_backend("tensorrt").compile(step, {}, tmp_path)
+        get_backend("tensorrt").compile_bucket(step, 1, (), tmp_path)
 
 
 def test_onnx_argmax_keeps_the_first_index_on_ties(built_artifact, device):
@@ -144,24 +146,38 @@ def test_unknown_backend_is_refused_with_the_known_ones():
         get_backend("tvm")
 
 
-def test_every_backend_config_selects_a_backend_that_compiles_and_loads():
-    """A ``backend=<name>`` the configs offer is one ``get_backend`` finds, and the module
-    it finds has the two functions the store and the runtime call."""
+def test_every_backend_config_selects_a_backend_with_the_declared_interface():
+    """A ``backend=<name>`` the configs offer is one ``get_backend`` finds, and each of the
+    module's functions takes the arguments :class:`Backend` declares, by name."""
     offered = {path.stem for path in (CONF_DIR / "backend").glob("*.yaml")}
     assert offered == set(REGISTRY)
+    declared = {name: list(inspect.signature(function).parameters)[1:]  # without self
+                for name, function in vars(Backend).items() if inspect.isfunction(function)
+                and not name.startswith("_")}
+    assert set(declared) == {"compile_bucket", "finish", "prepare", "load"}
     for name in offered:
         backend = get_backend(name)
-        assert list(inspect.signature(backend.compile).parameters) == [
-            "step", "examples", "out_dir"], name
-        assert list(inspect.signature(backend.load).parameters)[:3] == [
-            "out_dir", "step", "buckets"], name
+        for function, parameters in declared.items():
+            assert list(inspect.signature(getattr(backend, function)).parameters) == \
+                parameters, (name, function)
+
+
+def test_a_backend_module_lacking_a_member_is_refused_by_name(monkeypatch):
+    module = types.ModuleType("half_a_backend")
+    module.load = lambda out_dir, step, buckets: {}
+    monkeypatch.setitem(sys.modules, "half_a_backend", module)
+    monkeypatch.setitem(REGISTRY, "half", "half_a_backend")
+    with pytest.raises(TypeError, match="lacks DEVICES, DTYPE, INSTALL, LOADS_WITHOUT_WEIGHTS, "
+                                        "NEEDS, compile_bucket, finish, prepare"):
+        get_backend("half")
 
 
 @pytest.mark.skipif(HAS_TENSORRT, reason="torch_tensorrt is installed")
 def test_tensorrt_without_the_package_says_how_to_install_it(tmp_path):
     backend = get_backend("tensorrt")
     with pytest.raises(MissingBackendError, match=r"pip install 'dspark-compile\[tensorrt\]'"):
-        backend.compile(DraftStep(random_drafter(lane_config("tiny"), "cpu")), {}, tmp_path)
+        backend.compile_bucket(DraftStep(random_drafter(lane_config("tiny"), "cpu")), 1, (),
+                               tmp_path)
     with pytest.raises(MissingBackendError, match="Torch-TensorRT"):
         backend.load(tmp_path, None, [1])
 

@@ -16,7 +16,7 @@ from dspark_compile.tools import artifacts
 @pytest.fixture
 def cache(tmp_path):
     """Four eager artifacts: current, of another Python, with a garbled manifest, and a
-    build that died (its temporary)."""
+    build stopped midway (its staging directory)."""
     root = tmp_path / "artifacts"
     paths = [build_artifact(random_drafter(lane_config("tiny"), "cpu", seed=s), "eager", [1],
                             root)[0] for s in range(3)]
@@ -24,7 +24,8 @@ def cache(tmp_path):
     manifest["env"]["python"] = "2.7.18"
     (paths[1] / "manifest.json").write_text(json.dumps(manifest))
     (paths[2] / "manifest.json").write_text("{garbled")
-    (paths[0].parent / ".1.tmp-99-abc").mkdir()
+    (paths[0].parent / ".1-2.partial").mkdir()  # a build stopped after its bucket 1
+    (paths[0].parent / ".1-2.partial" / ".finished_buckets").write_text("[1]")
     return root, paths
 
 

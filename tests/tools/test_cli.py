@@ -25,8 +25,8 @@ def test_main_command_default_builds_verifies_and_prints_the_path_last(tmp_path)
     # the build's phases as lines with their times (stderr is not a terminal here)
     phases = [line for line in result.stderr.splitlines() if line.startswith("building ")]
     assert [p.split("] ", 1)[1] for p in phases] == [
-        "writing the weights", "tracing, lowering and compiling bucket 1 (1/2)",
-        "tracing, lowering and compiling bucket 4 (2/2)",
+        "writing the weights", "bucket 1 (1/2): tracing, lowering and compiling",
+        "bucket 4 (2/2): tracing, lowering and compiling",
         "bundling the compiled kernels",
         "hashing the files"]
     assert any('"identical": true' in line for line in lines)  # the fresh-process verify

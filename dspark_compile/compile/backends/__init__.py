@@ -1,27 +1,14 @@
-"""Compile backends. Each is one module with ``compile`` and ``load``:
-
-- ``compile(step, examples, out_dir)`` writes the payload for every bucket into ``out_dir``
-  (``examples[bucket]`` are example draft-step inputs of that batch size);
-- ``load(out_dir, step, buckets)`` returns, per bucket, a callable with the draft step's
-  signature that updates the KV cache in place and returns the draft step's outputs
-  ``(ids, confidences, rules[, q])``.
-
-A module may also have ``prepare(out_dir, device)``, what its load needs that does not
-depend on the weights (its imports come with it), which the runtime runs on a thread while
-the weights are read, before ``load``; set ``LOADS_WITHOUT_WEIGHTS`` where ``load`` only
-keeps the step and reads its weights when called, so the runtime runs ``load`` on that
-thread too, the step's tensors still on the meta device; and set ``DEVICES`` (device types
-it runs on), ``DTYPE`` (a dtype it forces), and ``NEEDS`` (modules its build imports) with
-``INSTALL`` (the command that brings them).
-On a GPU the runtime records each bucket's callable as one CUDA graph.
-Adding a backend is one module plus one line here.
+"""Compile backends. Each is one module that satisfies :class:`Backend`; adding a backend
+is one module plus one line in :data:`REGISTRY`. On a GPU the runtime records each
+bucket's callable as one CUDA graph.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-from types import ModuleType
+from pathlib import Path
+from typing import Callable, Optional, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -29,6 +16,37 @@ from torch import Tensor, nn
 from dspark_compile.config import LaneConfig
 from dspark_compile.draft import DraftStep, KVCache
 from dspark_compile.errors import ConfigError, MissingBackendError
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the store and the runtime call a backend module with."""
+
+    DEVICES: tuple[str, ...]  # the device types it runs on
+    DTYPE: Optional[str]  # a dtype it forces on the drafter, or None
+    NEEDS: tuple[str, ...]  # modules its build imports, checked before a build writes
+    INSTALL: str  # the command that brings them
+    # load() only keeps the step and reads its weights when called: the runtime runs it on
+    # the thread that prepares, while the weights are read (the step still on meta)
+    LOADS_WITHOUT_WEIGHTS: bool
+
+    def compile_bucket(self, step: DraftStep, bucket: int, example: tuple[Tensor, ...],
+                       out_dir: Path) -> None:
+        """Write the payload of one batch bucket into ``out_dir``; a build that was
+        interrupted resumes after the last bucket this finished."""
+
+    def finish(self, step: DraftStep, examples: dict[int, tuple[Tensor, ...]],
+               out_dir: Path) -> None:
+        """Write what the buckets share, once every bucket is compiled."""
+
+    def prepare(self, out_dir: Path, device: torch.device) -> None:
+        """What ``load`` needs that does not depend on the weights (its imports too): the
+        runtime runs it on a thread while the weights are read."""
+
+    def load(self, out_dir: Path, step: DraftStep, buckets: list[int]
+             ) -> dict[int, Callable]:
+        """Per bucket, a callable with the draft step's signature that updates the KV
+        cache in place and returns the step's outputs ``(ids, confidences, rules[, q])``."""
+
 
 REGISTRY = {
     "eager": "dspark_compile.compile.backends.eager",
@@ -39,17 +57,22 @@ REGISTRY = {
 }
 
 
-def get_backend(name: str) -> ModuleType:
+def get_backend(name: str) -> Backend:
     if name not in REGISTRY:
         raise ConfigError(f"unknown backend {name!r}; known backends: {sorted(REGISTRY)}")
-    return importlib.import_module(REGISTRY[name])
+    module = importlib.import_module(REGISTRY[name])
+    if not isinstance(module, Backend):
+        members = [*Backend.__annotations__, *(n for n in vars(Backend) if not n.startswith("_"))]
+        missing = [m for m in members if not hasattr(module, m)]
+        raise TypeError(f"backend module {module.__name__} lacks {', '.join(sorted(missing))}")
+    return module
 
 
 def check_installed(name: str) -> None:
     """:class:`MissingBackendError` (with its install command) unless every module backend
     ``name`` builds with can be imported: before a build writes anything."""
     backend = get_backend(name)
-    missing = [m for m in getattr(backend, "NEEDS", ()) if importlib.util.find_spec(m) is None]
+    missing = [m for m in backend.NEEDS if importlib.util.find_spec(m) is None]
     if missing:
         raise MissingBackendError(f"backend {name!r} needs {', '.join(missing)}: "
                                   f"{backend.INSTALL}")

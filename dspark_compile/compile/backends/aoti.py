@@ -24,6 +24,12 @@ from dspark_compile.draft.checks import context_capacity
 from dspark_compile.model.fused import state_sources
 from dspark_compile import progress
 
+DEVICES = ("cpu", "cuda")
+DTYPE: Optional[str] = None
+NEEDS: tuple[str, ...] = ()
+INSTALL = ""
+LOADS_WITHOUT_WEIGHTS = False
+
 CONSTANTS = "aoti_constants.json"
 BUFFERS = "aoti_buffers.safetensors"
 PREFILL = "aoti_prefill.pt2"
@@ -57,10 +63,13 @@ def write_constants(step: DraftStep, out_dir: Path) -> None:
     save_file(buffers, str(out_dir / BUFFERS))
 
 
-def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
+def compile_bucket(step: DraftStep, bucket: int, example: tuple[Tensor, ...],
+                   out_dir: Path) -> None:
+    _export(step, example, _package(out_dir, bucket), "the draft step")
+
+
+def finish(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
     write_constants(step, out_dir)
-    for bucket, i, n in progress.buckets(examples):
-        _export(step, examples[bucket], _package(out_dir, bucket), f"bucket {bucket} ({i}/{n})")
     example, shapes = prefill_example(step.drafter.lane, examples[max(examples)])
     _export(PrefillStep(step.drafter), example, out_dir / PREFILL,
             "the prefill (batches up to the largest bucket, prompts up to the capacity)", shapes)
@@ -94,6 +103,10 @@ def prefill_example(lane: LaneConfig, decode: tuple[Tensor, ...]
     rows = {1: torch.export.Dim("rows", min=1, max=capacity)}
     shapes = tuple({**requests, **(rows if i == 2 else {})} or None for i in range(len(example)))
     return example, shapes
+
+
+def prepare(out_dir: Path, device: torch.device) -> None:
+    pass
 
 
 def load(out_dir: Path, step: DraftStep, buckets: list[int]) -> dict[int, Callable]:

@@ -20,7 +20,7 @@ import shutil
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 from unittest import mock
 
 import torch
@@ -37,10 +37,18 @@ STEP = "step"  # the name the saved functions give the live DraftStep they are c
 # the saved functions hold the step and read its weights only when called: the runtime
 # loads them while the weights are read
 LOADS_WITHOUT_WEIGHTS = True
+DEVICES = ("cpu", "cuda")
+DTYPE: Optional[str] = None
+NEEDS: tuple[str, ...] = ()
+INSTALL = ""
 
 
 def _bucket_file(out_dir: Path, bucket: int) -> Path:
     return out_dir / f"inductor_bucket{bucket}.bin"
+
+
+def _bucket_kernels(out_dir: Path, bucket: int) -> Path:
+    return out_dir / f"inductor_kernels_bucket{bucket}.tar"
 
 
 def guards_kept(entries: list) -> list[bool]:
@@ -90,23 +98,36 @@ def aot_compiled(forward: Callable, example: tuple[Tensor, ...]) -> Callable:
         return compiled.aot_compile((example, {}))
 
 
-def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
-    cache = inductor_cache()
-    before = set(cache.rglob("*.so"))
-    for bucket, i, n in progress.buckets(examples):
-        progress.phase(f"tracing, lowering and compiling bucket {bucket} ({i}/{n})")
-        saved = aot_compiled(step.forward, examples[bucket])
-        timed = kernels_with_candidates()
-        with torch.no_grad():  # Triton times each kernel's candidate configs at its first call
-            saved(step, *examples[bucket])
-        if timed:
-            progress.phase(f"compiling bucket {bucket} again on its kernels' timed configs")
-            with kernels_on_timed_configs(examples[bucket][0].device):
-                saved = aot_compiled(step.forward, examples[bucket])
-        saved.save_compiled_function(str(_bucket_file(out_dir, bucket)),
-                                     external_data={STEP: step})
+def compile_bucket(step: DraftStep, bucket: int, example: tuple[Tensor, ...],
+                   out_dir: Path) -> None:
+    before = set(inductor_cache().rglob("*.so"))
+    progress.phase("tracing, lowering and compiling")
+    saved = aot_compiled(step.forward, example)
+    timed = kernels_with_candidates()
+    with torch.no_grad():  # Triton times each kernel's candidate configs at its first call
+        saved(step, *example)
+    if timed:
+        progress.phase("compiling again on its kernels' timed configs")
+        with kernels_on_timed_configs(example[0].device):
+            saved = aot_compiled(step.forward, example)
+    saved.save_compiled_function(str(_bucket_file(out_dir, bucket)), external_data={STEP: step})
+    # this bucket's kernels kept beside it: a build resumed in another process bundles them
+    write_bundle(_bucket_kernels(out_dir, bucket), bundled_files(before))
+
+
+def finish(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
     progress.phase("bundling the compiled kernels")
-    write_bundle(out_dir / KERNELS, bundled_files(before))
+    parts = [_bucket_kernels(out_dir, bucket) for bucket in examples]
+    with tarfile.open(out_dir / KERNELS, "w") as tar:
+        names = set()
+        for part in parts:
+            with tarfile.open(part) as bucket_tar:
+                for member in bucket_tar.getmembers():
+                    if member.name not in names:
+                        names.add(member.name)
+                        tar.addfile(member, bucket_tar.extractfile(member))
+    for part in parts:
+        part.unlink()
 
 
 def kernels_with_candidates() -> bool:

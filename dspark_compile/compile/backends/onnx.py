@@ -18,6 +18,7 @@ from dspark_compile import progress
 
 DEVICES = ("cpu",)
 DTYPE = "float32"
+LOADS_WITHOUT_WEIGHTS = False
 # onnxruntime's fp32 GEMMs sum in another order than torch's: hidden states, and so the
 # confidences, differ in the last bits. Ids are still compared exactly.
 CONFIDENCE_TOLERANCE = 1e-6
@@ -45,22 +46,29 @@ def _require(module: str):
         raise MissingBackendError(f"backend 'onnx' needs {module}: {INSTALL}") from err
 
 
-def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
+def compile_bucket(step: DraftStep, bucket: int, example: tuple[Tensor, ...],
+                   out_dir: Path) -> None:
     onnx = _require("onnx")
-    for bucket, i, n in progress.buckets(examples):
-        progress.phase(f"exporting bucket {bucket} to ONNX ({i}/{n})")
-        example = examples[bucket]
-        with torch.no_grad():
-            program = torch.onnx.export(FunctionalDraftStep(step), example, dynamo=True,
-                                        input_names=INPUTS, output_names=_outputs(step))
-        program.save(str(_model(out_dir, bucket)))
-        model = onnx.load(str(_model(out_dir, bucket)))
-        onnx.checker.check_model(model)
-        for node in model.graph.node:
-            if node.op_type == "ArgMax" and any(
-                    a.name == "select_last_index" and a.i for a in node.attribute):
-                raise RuntimeError(f"{node.name}: ArgMax exported with select_last_index=1; "
-                                   "the draft step needs the first index to win ties")
+    progress.phase("exporting to ONNX")
+    with torch.no_grad():
+        program = torch.onnx.export(FunctionalDraftStep(step), example, dynamo=True,
+                                    input_names=INPUTS, output_names=_outputs(step))
+    program.save(str(_model(out_dir, bucket)))
+    model = onnx.load(str(_model(out_dir, bucket)))
+    onnx.checker.check_model(model)
+    for node in model.graph.node:
+        if node.op_type == "ArgMax" and any(
+                a.name == "select_last_index" and a.i for a in node.attribute):
+            raise RuntimeError(f"{node.name}: ArgMax exported with select_last_index=1; "
+                               "the draft step needs the first index to win ties")
+
+
+def finish(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
+    pass
+
+
+def prepare(out_dir: Path, device: torch.device) -> None:
+    _require("onnxruntime")
 
 
 def load(out_dir: Path, step: DraftStep, buckets: list[int]) -> dict[int, Callable]:

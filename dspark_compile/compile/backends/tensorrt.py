@@ -8,7 +8,7 @@ have no TensorRT libraries, so this backend has not run here.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -19,6 +19,8 @@ from dspark_compile.errors import ConfigError, MissingBackendError
 from dspark_compile import progress
 
 DEVICES = ("cuda",)
+DTYPE: Optional[str] = None
+LOADS_WITHOUT_WEIGHTS = False
 INSTALL = "pip install 'dspark-compile[tensorrt]' (a torch-tensorrt build matching your torch)"
 NEEDS = ("torch_tensorrt",)  # checked before a build writes anything
 
@@ -35,7 +37,8 @@ def _program(out_dir: Path, bucket: int) -> Path:
     return out_dir / f"bucket{bucket}.ep"
 
 
-def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
+def compile_bucket(step: DraftStep, bucket: int, example: tuple[Tensor, ...],
+                   out_dir: Path) -> None:
     lane = step.drafter.lane
     for field, kernel in (("fused_attention", "fused attention"), ("skinny_gemm", "skinny GEMM")):
         if getattr(lane, field):
@@ -43,15 +46,21 @@ def compile(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: P
                               f"this lane with lane.{field}=false")
     trt = _torch_tensorrt()
     dtype = step.drafter.lane.torch_dtype
-    for bucket, i, n in progress.buckets(examples):
-        progress.phase(f"exporting and compiling bucket {bucket} with TensorRT ({i}/{n})")
-        example = examples[bucket]
-        with torch.no_grad():
-            program = torch.export.export(FunctionalDraftStep(step), example, strict=False)
-            module = trt.dynamo.compile(program, arg_inputs=list(example),
-                                        enabled_precisions={dtype})
-        trt.save(module, str(_program(out_dir, bucket)), output_format="exported_program",
-                 arg_inputs=list(example))
+    progress.phase("exporting and compiling with TensorRT")
+    with torch.no_grad():
+        program = torch.export.export(FunctionalDraftStep(step), example, strict=False)
+        module = trt.dynamo.compile(program, arg_inputs=list(example),
+                                    enabled_precisions={dtype})
+    trt.save(module, str(_program(out_dir, bucket)), output_format="exported_program",
+             arg_inputs=list(example))
+
+
+def finish(step: DraftStep, examples: dict[int, tuple[Tensor, ...]], out_dir: Path) -> None:
+    pass
+
+
+def prepare(out_dir: Path, device: torch.device) -> None:
+    _torch_tensorrt()
 
 
 def load(out_dir: Path, step: DraftStep, buckets: list[int]) -> dict[int, Callable]:
