@@ -9,7 +9,7 @@ the artifact's bytes read from disk with the page cache dropped for them, in the
 Each artifact is then checked by dspark-verify.
 
     python scripts/artifact_times.py --lane tiny --backends eager inductor aoti onnx \
-        --buckets 1 4 --device cpu --out bench/results/artifact_times_cpu_tiny.json
+        --buckets 1 4 --device cpu --out cold.json
 """
 
 from __future__ import annotations

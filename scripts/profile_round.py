@@ -87,7 +87,8 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["eager"])
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--buckets", type=int, nargs="+", help="artifact buckets; default: batch")
-    parser.add_argument("--context", type=int, default=4096)
+    parser.add_argument("--context", type=int,
+                        help="context rows; default 4096, or what the lane's cache holds")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--root", default="artifacts")
     parser.add_argument("--repeats", type=int, default=30)
@@ -98,7 +99,9 @@ def main() -> None:
     device = torch.device(args.device)
     overrides = dict(item.split("=", 1) for item in args.set)
     drafter = random_drafter(lane_config(args.lane, **overrides), device, seed=0)
-    prompt, decode = synthetic_rounds(drafter.lane, args.batch, args.context, 2, 0, device,
+    lane = drafter.lane
+    args.context = args.context or min(4096, lane.max_context - 4 * (lane.k + 1))
+    prompt, decode = synthetic_rounds(lane, args.batch, args.context, 2, 0, device,
                                       fixed=True)
     results = {backend: profile_backend(drafter, backend, prompt, decode, args)
                for backend in args.backends}

@@ -198,8 +198,8 @@ def run_verify(artifact, *overrides):
 # artifacts other files share), in the order they should start: the two workers of
 # ``--dist loadfile`` take files in collection order (with xdist's reordering off), so a
 # long file collected last would run alone at the end.
-LONGEST_FIRST = ("tools/test_cli.py", "compile/test_backends.py", "runtime/test_runner.py",
-                 "speculative/test_generate.py")
+LONGEST_FIRST = ("test_two_commands.py", "tools/test_cli.py", "compile/test_backends.py",
+                 "runtime/test_runner.py", "speculative/test_generate.py")
 
 
 def pytest_configure(config):

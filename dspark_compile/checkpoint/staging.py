@@ -3,7 +3,7 @@
 The file's bytes are read in spans by a pool of threads (``os.preadv``, hashlib and CUDA
 synchronisation all release the GIL). On a GPU each thread reads into a pinned buffer of its
 own and copies it to one device buffer holding the whole file (safetensors' own loader
-copies each tensor from pageable memory, about 2.8 GB/s on the H200's host); on a CPU it
+copies each tensor from pageable memory, at a fraction of the pinned rate); on a CPU it
 reads straight into that buffer. Given a sha256 for each span, every span is hashed in the
 same pass, and the file's header is parsed and its tensors cut only once every span
 matches: no byte of the file is used unchecked. The header is a 64-bit length, then JSON

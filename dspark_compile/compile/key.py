@@ -77,7 +77,7 @@ def code_fingerprint() -> str:
 def triton_version() -> Optional[str]:
     """Triton's version from its installed package's metadata (PyTorch's nightly builds
     name it ``pytorch-triton``), not by importing it: a load that needs no Triton (aoti)
-    would spend 0.1-0.2 s on the import; None without Triton."""
+    would pay for the import; None without Triton."""
     for distribution in ("triton", "pytorch-triton"):
         try:
             return importlib.metadata.version(distribution)

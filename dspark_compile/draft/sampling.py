@@ -14,8 +14,8 @@ from dspark_compile.rng import gumbel
 def first_argmax(x: Tensor) -> Tensor:
     """``x.argmax(-1)``, the lowest index winning ties, reduced in two stages: the maximum of
     each chunk of a row, then the first chunk holding the row's maximum. Same result; but a
-    compiler gives one long row many thread blocks (Inductor does not split an argmax: one
-    block per 248320-wide row took 0.3 ms per Markov step on the H200)."""
+    compiler gives one long row many thread blocks (Inductor does not split an argmax, and
+    one block per 248320-wide row serialises each Markov step)."""
     size = x.shape[-1]
     chunk = math.gcd(size, 1024)
     while size // chunk < 4 and chunk > 1:  # at least four chunks: tiny lanes take this path too

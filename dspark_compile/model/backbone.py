@@ -55,9 +55,8 @@ class RMSNorm(nn.Module):
 
 # A round's context rows share each layer's Q|K|V GEMM with the block's rows where the
 # block has more rows than the skinny GEMM takes and at most FOLD_ROWS: one launch then
-# reads the weight, which the few rows make the GEMM's cost. On the H200 that took 1.6-5%
-# off the 35B-A3B round's replay at batch 8; at batch 1 (the skinny GEMM's rows) it was no
-# faster, and at 64 requests the separate GEMMs are faster.
+# reads the weight, which the few rows make the GEMM's cost. At batch 1 (the skinny GEMM's
+# rows) it gains nothing, and at 64 requests the separate GEMMs are faster.
 FOLD_ROWS = 128
 
 

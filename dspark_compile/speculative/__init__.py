@@ -1,7 +1,9 @@
 """Speculative decoding with a drafter runtime: verification of drafted blocks against the
-target, and a draft -> verify generation loop."""
+target, and the draft -> verify loop over a target's rows (continuous batching)."""
 
 from dspark_compile.speculative.acceptance import verify_greedy, verify_sampling
-from dspark_compile.speculative.generate import Generation, generate, target_greedy
+from dspark_compile.speculative.decode import (Completion, Decoded, Request, Target, decode,
+                                               pick_target_token)
 
-__all__ = ["Generation", "generate", "target_greedy", "verify_greedy", "verify_sampling"]
+__all__ = ["Completion", "Decoded", "Request", "Target", "decode", "pick_target_token",
+           "verify_greedy", "verify_sampling"]

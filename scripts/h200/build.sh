@@ -2,8 +2,7 @@
 # On the H200 (device tool): build the artifacts the `real` sweep and the benchmark reuse
 # (both real lanes x eager, inductor, aoti at buckets [1,8,64], seed 0) into /tmp/arts, two
 # builds at a time, before `scripts/h200/sweep.sh` in the next call on the same machine
-# (within its 30 s idle release). These builds took 417 s so in the fifth session
-# (bench/results/issue7_h200/builds.txt). Logs and build times go to $OUT.
+# (within its idle release). Logs and build times go to $OUT.
 #   bash scripts/h200/build.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1

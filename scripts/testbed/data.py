@@ -5,7 +5,7 @@ penalty (T 0.7, top-p 0.9, penalty 1.2, transformers' own logits processors). On
 ids are kept (uint16, a few MB), so later runs need not regenerate them. The held-out
 prompts' answers are kept apart: the drafter never trains on them; they validate it.
 
-    python scripts/testbed/data.py --target testbed/target   # -> scripts/testbed/selfdistill.safetensors
+    python scripts/testbed/data.py --target testbed/target   # -> data/testbed/selfdistill.safetensors
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from dspark_compile.speculative.generate import pick_target_token
+from dspark_compile.speculative import pick_target_token
 from llama import StaticLlama, captured
 from target import load_target
 
-DATA = Path(__file__).parent / "selfdistill.safetensors"  # made by this script, committed
+# made by this script, committed
+DATA = Path(__file__).resolve().parents[2] / "data" / "testbed" / "selfdistill.safetensors"
 MODES = ["greedy", "t1", "penalty"]  # an answer's decoding; "penalty": T 0.7, top-p 0.9, 1.2
 # SmolLM2's chat template closes a turn with it. Not the tokenizer's eos: transformers 5.17
 # reads <|im_start|> as that from the GGUF (5.24 reads <|im_end|>).

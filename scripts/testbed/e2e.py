@@ -4,7 +4,7 @@ batch of several requests. Against the same target generating alone, with the sa
 implementation (``llama.StaticLlama``) in both arms, eager and captured as CUDA graphs.
 
     python scripts/testbed/e2e.py --target testbed/target --drafter testbed/drafter \
-        --out bench/results/testbed_h200/e2e.json
+        --out e2e.json
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ import torch
 from torch import Tensor
 
 from data import DATA, load
-from dspark_compile import RoundInputs, lane_config, load_checkpoint, load_runner
+from dspark_compile import lane_config, load_checkpoint, load_runner
 from dspark_compile.compile import build_artifact
-from dspark_compile.speculative import verify_greedy, verify_sampling
-from dspark_compile.speculative.generate import pick_target_token
-from llama import StaticLlama, captured
+from dspark_compile.speculative import Request, decode, pick_target_token
+from llama import LlamaTarget, StaticLlama, captured
 from target import LANE, load_target
 
 
@@ -36,22 +35,6 @@ def prefill(llama: StaticLlama, prompts: list[list[int]], device) -> tuple[Tenso
     logits, features = llama.forward(tokens, torch.zeros_like(lengths))
     rows = torch.arange(len(prompts), device=device)
     return logits[rows, lengths - 1], features, lengths
-
-
-class Mark:
-    """A point in the stream's time: a CUDA event on a GPU (read after the run), else the
-    host clock (where each call returns when its work is done)."""
-
-    def __init__(self, device: torch.device):
-        self.event = torch.cuda.Event(enable_timing=True) if device.type == "cuda" else None
-        if self.event is not None:
-            self.event.record()
-        self.host = time.perf_counter()
-
-    def seconds_to(self, later: "Mark") -> float:
-        if self.event is None:
-            return later.host - self.host
-        return self.event.elapsed_time(later.event) / 1e3
 
 
 def sync() -> None:
@@ -98,68 +81,19 @@ def target_alone(model, prompts, new_tokens: list[int], temperature: float, grap
 
 def speculative(model, runner, prompts, new_tokens: list[int], temperature: float,
                 graphs: bool, slots: int, device) -> dict:
-    """Draft -> verify rounds until every row has its ``new_tokens``: the tokens, the accepted
-    drafts per round and row, the seconds in all, and those of the draft and verification
-    on the device's stream (on a GPU the draft's span starts when the verification before
-    it ends).
-
-    One synchronisation a round, the runner's own: when its ids are on the host, the
-    previous round's verification is done too, so its outcome is read without waiting;
-    the loop learns that a row is done one draft late, and from then on drafts it at the
-    same anchor with no new context (its target pass rewrites the same slots)."""
-    lane, B, k = runner.lane, len(prompts), runner.lane.k
-    llama = StaticLlama(model, B, slots, lane.target_layer_ids)
-    verify = captured(llama, B, k + 1) if graphs else llama.forward
-    seed = torch.arange(B, device=device)
-    temperatures = torch.full((B,), temperature, device=device)
-    rows = torch.arange(B, device=device)
-    admitted = [runner.admit() for _ in range(B)]
+    """The package's draft -> verify loop with the target in as many rows as prompts: the
+    tokens, the accepted drafts and the confidences per round, the seconds in all, and
+    those of the draft and the verification on the device's stream."""
+    lane = runner.lane
+    target = LlamaTarget(model, len(prompts), slots, lane.target_layer_ids, lane.k + 1, graphs)
     sync()
-    start = time.perf_counter()
-    last, features, lengths = prefill(llama, prompts, device)
-    anchor = pick_target_token(last, temperature, seed, lengths)
-    inputs = RoundInputs(features.to(lane.torch_dtype), lengths, anchor, lengths, temperatures,
-                         seed)
-    tokens = [[int(a)] for a in anchor]
-    accepted_log, confidence_log, draft_marks, verify_marks, pending = [], [], [], [], None
-    done, active = [False] * B, torch.ones(B, dtype=torch.bool, device=device)
-    while True:
-        begin = Mark(device)
-        out = runner.draft(inputs, admitted)
-        draft_marks.append((begin, Mark(device)))
-        if pending is not None:
-            for row, (a, e, c) in enumerate(zip(*(t.tolist() for t in pending))):
-                if len(tokens[row]) < new_tokens[row]:
-                    accepted_log.append(a)
-                    confidence_log.append(c)
-                tokens[row] += e[:a + 1]
-            now = [len(t) >= n for t, n in zip(tokens, new_tokens)]
-            if all(now):
-                break
-            if now != done:
-                done, active = now, torch.tensor([not d for d in now], device=device)
-        position, drafted = inputs.anchor_pos, out.ids.to(device)
-        begin = Mark(device)
-        logits, features = verify(torch.cat([inputs.anchor[:, None], drafted], 1), position)
-        verify_marks.append((begin, Mark(device)))
-        if temperature > 0:
-            p = torch.softmax(logits / temperature, -1)
-            accepted, emitted = verify_sampling(drafted, out.probs, p, seed, position)
-        else:
-            accepted, emitted = verify_greedy(drafted, logits.argmax(-1))
-        step = torch.where(active, accepted + 1, 0)
-        inputs = RoundInputs(features.to(lane.torch_dtype), step,
-                             torch.where(active, emitted[rows, accepted], inputs.anchor),
-                             position + step, temperatures, seed)
-        pending = (accepted, emitted, out.confidences)
-    sync()
-    seconds = time.perf_counter() - start
-    for slot in admitted:
-        runner.release(slot)
-    span = lambda marks: sum(b.seconds_to(e) for b, e in marks)  # noqa: E731
-    return dict(tokens=[t[:n] for t, n in zip(tokens, new_tokens)], accepted=accepted_log,
-                confidences=confidence_log, seconds=seconds, draft_seconds=span(draft_marks),
-                verify_seconds=span(verify_marks))
+    run = decode(target, runner, [Request(p, n, seed=row) for row, (p, n)
+                                  in enumerate(zip(prompts, new_tokens))], temperature)
+    done = run.completions
+    return dict(tokens=[c.tokens for c in done],
+                accepted=[a for c in done for a in c.accepted],
+                confidences=[x for c in done for x in c.confidences], seconds=run.seconds,
+                draft_seconds=run.draft_seconds, verify_seconds=run.verify_seconds)
 
 
 def summary(k: int, accepted: list[int], confidences: list[list[float]]) -> dict:

@@ -24,7 +24,7 @@ print(pathlib.Path(next(iter(s.submodule_search_locations))) / 'SmolLM2-135M-Ins
 fi
 mkdir -p "$work"
 committed_data() {
-  [ -f "$work/data.safetensors" ] || cp "$root/scripts/testbed/selfdistill.safetensors" "$work/data.safetensors"
+  [ -f "$work/data.safetensors" ] || cp "$root/data/testbed/selfdistill.safetensors" "$work/data.safetensors"
 }
 export PYTHONPATH=/tmp/site:$root PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \

@@ -7,7 +7,7 @@ implementation."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -28,11 +28,12 @@ class StaticLlama:
         self.v = torch.zeros(shape, device=device, dtype=dtype)
 
     @torch.no_grad()
-    def forward(self, tokens: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
-        """Feed ``tokens [B, n]`` at positions ``start[b] + i``; returns fp32 logits
-        ``[B, n, V]`` and the drafter's features ``[B, n, taps x hidden]``. Each row sees
-        its cache below its own positions: what a longer earlier pass left beyond them is
-        masked, then overwritten."""
+    def forward(self, tokens: Tensor, start: Tensor, rows: Optional[Tensor] = None
+                ) -> tuple[Tensor, Tensor]:
+        """Feed ``tokens [B, n]`` at positions ``start[b] + i`` into the cache's ``rows``
+        (default: every row, in order); returns fp32 logits ``[B, n, V]`` and the drafter's
+        features ``[B, n, taps x hidden]``. Each row sees its cache below its own positions:
+        what a longer earlier pass left beyond them is masked, then overwritten."""
         inner = self.model.model
         B, n = tokens.shape
         positions = start[:, None] + torch.arange(n, device=tokens.device)
@@ -40,7 +41,9 @@ class StaticLlama:
         cos, sin = inner.rotary_emb(x, position_ids=positions)
         keys = torch.arange(self.slots, device=tokens.device)
         visible = (keys[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, n, slots]
-        batch = torch.arange(B, device=tokens.device)[:, None].expand(B, n)
+        every = rows is None  # then the whole cache is read as it is, no copy of its rows
+        rows = torch.arange(B, device=tokens.device) if every else rows
+        batch = rows[:, None].expand(B, n)
         features = []
         for i, layer in enumerate(inner.layers):
             attn = layer.self_attn
@@ -51,7 +54,10 @@ class StaticLlama:
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             self.k[i][batch, :, positions] = k.transpose(1, 2)
             self.v[i][batch, :, positions] = v.transpose(1, 2)
-            out = F.scaled_dot_product_attention(q, self.k[i], self.v[i], attn_mask=visible,
+            cached_k, cached_v = self.k[i], self.v[i]
+            if not every:
+                cached_k, cached_v = cached_k[rows], cached_v[rows]
+            out = F.scaled_dot_product_attention(q, cached_k, cached_v, attn_mask=visible,
                                                  scale=attn.scaling, enable_gqa=True)
             x = x + F.linear(out.transpose(1, 2).reshape(B, n, -1), attn.o_proj.weight)
             h, mlp = layer.post_attention_layernorm(x), layer.mlp
@@ -87,3 +93,25 @@ def captured(llama: StaticLlama, batch: int, n: int
         graph.replay()
         return outputs
     return run
+
+
+class LlamaTarget:
+    """A :class:`StaticLlama` of ``rows`` rows as the speculative loop's target
+    (``dspark_compile.speculative.Target``): prompts through the rows they fill, and
+    verification passes of ``n`` tokens over every row, captured as one CUDA graph where
+    ``graphs``."""
+
+    def __init__(self, model: torch.nn.Module, rows: int, slots: int, taps: list[int],
+                 n: int, graphs: bool):
+        self.llama, self.rows = StaticLlama(model, rows, slots, taps), rows
+        self.verify = captured(self.llama, rows, n) if graphs else self.llama.forward
+
+    def prefill(self, rows: list[int], prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
+        device = self.llama.k.device
+        lengths = torch.tensor([len(p) for p in prompts], device=device)
+        tokens = torch.zeros(len(prompts), int(lengths.max()), dtype=torch.long, device=device)
+        for row, prompt in enumerate(prompts):
+            tokens[row, :len(prompt)] = torch.tensor(prompt)
+        logits, features = self.llama.forward(tokens, torch.zeros_like(lengths),
+                                              torch.tensor(rows, device=device))
+        return logits[torch.arange(len(prompts), device=device), lengths - 1], features

@@ -2,7 +2,7 @@
 teacher-forced on the held-out greedy answers) and the T = 1 estimate on the same answers
 against training time.
 
-    python scripts/testbed/plot_curve.py bench/results/testbed_h200/curve.json
+    python scripts/testbed/plot_curve.py curve.json
 """
 
 from __future__ import annotations

@@ -16,10 +16,12 @@ from blocks import context, target_pass, teacher_forced  # noqa: E402
 from data import generate  # noqa: E402
 from e2e import cache_slots, speculative, target_alone  # noqa: E402
 from evaluate import held_out_blocks, statistics, validate  # noqa: E402
+from llama import LlamaTarget  # noqa: E402
 from train import train  # noqa: E402
 
 from dspark_compile import lane_config, load_checkpoint, load_runner, save_checkpoint  # noqa: E402
 from dspark_compile.compile import build_artifact  # noqa: E402
+from dspark_compile.speculative import Request, decode  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -74,6 +76,10 @@ def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
     run = speculative(target, runner, requests, wanted, 0.0, False, slots, CPU)
     assert list(map(len, alone)) == wanted
     assert run["tokens"] == alone
+    # through one row of the target: the second request prefilled into it once the first ends
+    one_row = decode(LlamaTarget(target, 1, slots, lane.target_layer_ids, lane.k + 1, False),
+                     runner, [Request(r, n) for r, n in zip(requests, wanted)])
+    assert [c.tokens for c in one_row.completions] == alone
     # the margins an untimed run reports where outputs part: transformers' own top-2 gaps
     same_tokens, margins, _ = target_alone(target, requests, wanted, 0.0, False,
                                            lane.target_layer_ids, slots, CPU, margins=True)
@@ -102,9 +108,9 @@ def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
         leading = (blocks.z.argmax(-1) == blocks.labels).long().cumprod(-1).sum(-1)
         assert leading.tolist() == one["accepted"][:len(anchors)]
         # and validation's decode over blocks at every anchor makes the same rounds
-        decode = validate(held_out_blocks(loaded, target, [sequence[0]], [len(request)], CPU))
-        assert decode["decode_rounds"] == len(anchors)
-        assert decode["decode_tokens_per_round"] == pytest.approx(
+        walked = validate(held_out_blocks(loaded, target, [sequence[0]], [len(request)], CPU))
+        assert walked["decode_rounds"] == len(anchors)
+        assert walked["decode_tokens_per_round"] == pytest.approx(
             1 + sum(one["accepted"][:len(anchors)]) / len(anchors))
 
     blocks = lambda: held_out_blocks(loaded, target, [sequence[0]], [4], CPU)  # noqa: E731

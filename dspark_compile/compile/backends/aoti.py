@@ -41,7 +41,7 @@ INDUCTOR_CONFIGS = {
 if sys.platform == "linux":
     # Link the process's libstdc++ by name: a GCC built to link it statically (the H200
     # image's /opt/gcc) gives wrapper.so a private copy whose std::locale is never set up,
-    # and creating the model then crashes in std::regex (bench/results/issue3_h200/).
+    # and creating the model then crashes in std::regex.
     INDUCTOR_CONFIGS["aot_inductor.custom_op_libs"] = [":libstdc++.so.6"]
 
 

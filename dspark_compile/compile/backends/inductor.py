@@ -250,7 +250,7 @@ def prepare(out_dir: Path, device: torch.device) -> None:
 def load(out_dir: Path, step: DraftStep, buckets: list[int]) -> dict[int, Callable]:
     steps = {}
     # vec_isa_ok: Inductor takes the CPU's ISAs from its flags instead of compiling and
-    # loading a probe for each in a child process (1.6 s on the CPU); the artifact's
+    # loading a probe for each in a child process (seconds on a CPU); the artifact's
     # environment pins the CPU's ISA and its kernels travel compiled
     with torch._inductor.config.patch({"cpp.vec_isa_ok": True}):
         for bucket in buckets:

@@ -54,9 +54,8 @@ def launch_shape(rows: int, head_dim: int) -> Launch:
     rows) of ``head_dim``: as many rows per program as keep the fp32 accumulator at 8,192
     values, and at head_dim 256 twice the warps, one stage less and chunks of 256 keys, so
     that neither real lane's kernel spills registers on sm_90 (``tests/kernels``); chunks
-    of 512 keys below (fewer partial results to merge: the fastest on the H200 at every
-    batch of the 27B lane). Other launches timed on the H200:
-    ``bench/results/issue27_h200/attention/``."""
+    of 512 keys below (fewer partial results to merge: the fastest of the launches timed
+    at every batch of the 27B lane)."""
     block_m = min(max(16, 1 << (rows - 1).bit_length()), max(16, 8192 // head_dim))
     wide = head_dim > 128
     return Launch(chunk=256 if wide else 512, block_m=block_m, block_n=64,

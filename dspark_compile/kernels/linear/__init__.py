@@ -5,14 +5,12 @@ the weight's bytes, and the few rows leave most of a tile idle where the rows ar
 tensor cores' left operand. Here the weight's rows are: a program computes 64 output
 features of every input row (``out^T = W x^T``), with the whole K of each, and as many
 programs run as the features allow, each keeping several tiles of the weight in flight.
-On the H200 the 27B lane's lm_head, gate|up and down read at 0.95-1.10x their bytes'
-time where cuBLAS took 1.03-1.21x; Q|K|V and o tie with it
-(``bench/results/issue27_h200/skinny_gemm/``). An output too narrow to fill the
+On the 27B lane's lm_head, gate|up and down this reads closer to the weight's bytes'
+time than cuBLAS; Q|K|V and o tie with it. An output too narrow to fill the
 multiprocessors (fewer than 64 programs, as the 35B-A3B lane's o and down) splits K
 instead: ``dspark::linear_partials`` writes each run's fp32 products, and :func:`linear`
-sums them in torch ops, which a compiler fuses into the output's consumer; o and down took
-7.2 and 9.8 us where cuBLAS's split-K and its reduction took 9.4 and 11.9
-(``bench/results/issue27_h200/split_k/``).
+sums them in torch ops, which a compiler fuses into the output's consumer (where cuBLAS
+runs a split-K kernel and a reduction of its own).
 
 Every path of a lane with ``skinny_gemm`` (the host path, the eager device path, the
 compiled backends) runs the same launch for the same shapes, so they share its bits; a
@@ -56,8 +54,8 @@ def launch_shape(rows: int, features: int, depth: int, sms: int) -> Optional[Lau
     multiprocessors, or None where cuBLAS is faster. Where the programs outnumber the
     multiprocessors several share one, each with three tiles of 128 columns in flight;
     where they do not, each keeps five tiles of 256 columns in flight alone. Of the
-    launches timed on the H200 at both real lanes' batch-1 shapes, each is the fastest or
-    within 4% of it. An output of fewer than 64 programs splits K into as many runs as
+    launches timed at both real lanes' batch-1 shapes, each is the fastest or within 4%
+    of it. An output of fewer than 64 programs splits K into as many runs as
     fill the multiprocessors (at most :data:`MAX_SPLITS`, each a whole number of tiles),
     or stays on cuBLAS where K allows no two."""
     programs = -(-features // 64)

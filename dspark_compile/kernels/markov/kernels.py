@@ -85,8 +85,7 @@ def _markov_walk_kernel(w1_ptr, w2_ptr, base_ptr, anchor_ptr, temperature_ptr, s
     # must be resident at once (PROGRAMS <= multiprocessors). R is a compile-time
     # constant here, one kernel per batch, so that the row masks fold away and the
     # reduction loads only the requests' rows: every program reads them from the same
-    # lines of L2 each step (1.05x-1.2x faster on the H200 at 16 to 1 rows,
-    # bench/results/issue5_h200/rows/).
+    # lines of L2 each step.
     program = tl.program_id(0)
     rows = tl.arange(0, R_PAD)
     row_ok = rows < R

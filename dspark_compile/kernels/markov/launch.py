@@ -26,12 +26,10 @@ class Launch:
 
 
 # (block, warps, programs per SM) by padded batch where W2 is streamed every step: the
-# fastest greedy launches timed on the H200 on the 27B lane, at 16 and 64 rows
-# (bench/results/issue5_h200/resident/, 64 rows also against 32x8x1 in rows/steps/) and
-# at 32 rows (rows/steps/); 64 rows is also the 35B-A3B lane's fastest on the kernel
-# before (walk/launch_sweep/); 20 other launches at 64 rows, stages among them, were all
-# slower (launch64/sweep/). Past 64 rows an untried guess. All free of register spills
-# on sm_90 (128 columns at 64 rows spill and overflow shared memory).
+# fastest greedy launches timed on the 27B lane at 16, 32 and 64 rows (64 rows also the
+# 35B-A3B lane's fastest), stages among the launches tried. Past 64 rows an untried
+# guess. All free of register spills on sm_90 (128 columns at 64 rows spill and overflow
+# shared memory).
 LAUNCHES = {16: (128, 8, 1), 32: (128, 8, 1), 64: (64, 8, 1)}
 # W2 bytes a resident program keeps in shared memory (an H200 program has 227 KB), and
 # the most rows it drafts: past 16 its tile no longer fits in registers without spills

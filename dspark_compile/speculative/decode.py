@@ -1,0 +1,229 @@
+"""Speculative decoding with a drafter runtime: draft -> verify rounds over the fixed rows of
+a target, each row serving one request at a time and refilled from the queue as soon as
+its request is done (continuous batching).
+
+The target is whatever implements :class:`Target` (an engine's model runner; the
+testbed's static-cache Llama is one). Greedy verification keeps the target's own greedy
+output; sampled verification (``temperature > 0``, an artifact built ``with_probs``) keeps
+its distribution. One host synchronisation a round, the runner's own: when a round's ids
+reach the host the previous verification is done too, so its outcome is read without
+waiting, and the loop learns that a request is done one round late.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional, Protocol, Sequence
+
+import torch
+from torch import Tensor
+
+from dspark_compile.draft import DraftOutput, RoundInputs
+from dspark_compile.draft.sampling import sample
+from dspark_compile.errors import ConfigError
+from dspark_compile.runtime import Runner
+from dspark_compile.speculative.acceptance import verify_greedy, verify_sampling
+
+FIRST_TOKEN_STREAM = (1 << 20) + 2  # the target's own first sample, apart from other noise
+
+
+class Target(Protocol):
+    """The model being sped up, as the loop calls it: ``rows`` KV caches, one request each.
+    A pass writes its tokens' keys at their positions in a row and attends to that row's
+    cache below them (what a longer earlier pass left beyond them is masked, then
+    overwritten). Logits are fp32; features are the drafter's taps, concatenated."""
+
+    rows: int
+
+    def prefill(self, rows: list[int], prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
+        """The prompts into ``rows`` from position 0: each prompt's last logits
+        ``[len(rows), V]`` and its features ``[len(rows), longest prompt, F]``."""
+
+    def verify(self, tokens: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
+        """``tokens [rows, n]`` at positions ``start[r] + i`` in every row: logits
+        ``[rows, n, V]`` and features ``[rows, n, F]``."""
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    max_new_tokens: int
+    seed: int = 0  # keys the request's noise, with each token's position
+
+
+@dataclass
+class Completion:
+    tokens: list[int] = field(default_factory=list)  # the new tokens
+    accepted: list[int] = field(default_factory=list)  # drafts accepted, per round
+    confidences: list[list[float]] = field(default_factory=list)  # the drafter's, per round
+
+
+@dataclass
+class Decoded:
+    completions: list[Completion]  # in the order of the requests
+    seconds: float
+    draft_seconds: float  # on the device's stream
+    verify_seconds: float
+
+
+class _Mark:
+    """A point in the stream's time: a CUDA event on a GPU (read after the run), else the
+    host clock (where each call returns when its work is done)."""
+
+    def __init__(self, device: torch.device):
+        self.event = torch.cuda.Event(enable_timing=True) if device.type == "cuda" else None
+        if self.event is not None:
+            self.event.record()
+        self.host = time.perf_counter()
+
+    def seconds_to(self, later: "_Mark") -> float:
+        if self.event is None:
+            return later.host - self.host
+        return self.event.elapsed_time(later.event) / 1e3
+
+
+def pick_target_token(logits: Tensor, temperature: float, seed: Tensor, position: Tensor
+                      ) -> Tensor:
+    """The target's own token: argmax, or a Gumbel-max sample at the temperature (the draft
+    step's own sampling, on a noise stream of its own)."""
+    temperatures = torch.full(seed.shape, temperature, dtype=torch.float32, device=seed.device)
+    return sample(logits, temperatures, seed, position, FIRST_TOKEN_STREAM)
+
+
+@torch.no_grad()
+def decode(target: Target, runner: Runner, requests: Sequence[Request],
+           temperature: float = 0.0) -> Decoded:
+    """Every request's ``max_new_tokens`` new tokens, ``target.rows`` requests at a time."""
+    if temperature > 0 and not runner.manifest["with_probs"]:
+        raise ConfigError("temperature: sampled verification needs the draft distribution; "
+                          "build the artifact with with_probs=True")
+    return _Loop(target, runner, requests, temperature).run()
+
+
+class _Loop:
+    def __init__(self, target: Target, runner: Runner, requests: Sequence[Request],
+                 temperature: float):
+        self.target, self.runner, self.requests = target, runner, requests
+        self.temperature, self.k, self.device = temperature, runner.lane.k, runner.device
+        self.dtype = runner.lane.torch_dtype
+        rows, device = target.rows, runner.device
+        self.queue = deque(range(len(requests)))
+        self.serving: list[Optional[int]] = [None] * rows  # a request's index per row
+        self.slots: list[Optional[int]] = [None] * rows
+        self.completions = [Completion() for _ in requests]
+        self.position = torch.zeros(rows, dtype=torch.long, device=device)  # the anchor's
+        self.anchor = torch.zeros(rows, dtype=torch.long, device=device)
+        self.num_new = torch.zeros(rows, dtype=torch.long, device=device)
+        self.seed = torch.zeros(rows, dtype=torch.long, device=device)
+        self.features: Optional[Tensor] = None  # [rows, k+1, F]: each row's next context
+        self.prompts: dict[int, Tensor] = {}  # a refilled row's prompt features
+        self.marks: dict[str, list[tuple[_Mark, _Mark]]] = {"draft": [], "verify": []}
+
+    def run(self) -> Decoded:
+        start = time.perf_counter()
+        self.refill(list(range(min(self.target.rows, len(self.queue)))))
+        pending = None
+        while True:
+            live = [r for r in range(self.target.rows) if self.serving[r] is not None]
+            if not live:
+                break
+            begin = _Mark(self.device)
+            out = self.runner.draft(self.round_inputs(live), [self.slots[r] for r in live])
+            self.marks["draft"].append((begin, _Mark(self.device)))
+            done = self.take(pending) if pending else []
+            going = [i for i, r in enumerate(live) if r not in done]
+            pending = self.verify(live, going, out) if going else None
+            for row in done:
+                self.runner.release(self.slots[row])
+                self.serving[row] = self.slots[row] = None
+            self.refill(done[:len(self.queue)])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        span = {name: sum(b.seconds_to(e) for b, e in marks)
+                for name, marks in self.marks.items()}
+        for completion, request in zip(self.completions, self.requests):
+            del completion.tokens[request.max_new_tokens:]
+        return Decoded(self.completions, time.perf_counter() - start, span["draft"],
+                       span["verify"])
+
+    def refill(self, rows: list[int]) -> None:
+        """The next requests into ``rows``: a fresh slot each, their prompts through the
+        target, the target's first token picked, their next round a prompt round."""
+        if not rows:
+            return
+        chosen = [self.queue.popleft() for _ in rows]
+        prompts = [self.requests[i].prompt for i in chosen]
+        index = torch.tensor(rows, device=self.device)
+        last, features = self.target.prefill(rows, prompts)
+        if self.features is None:
+            self.features = features.new_zeros(self.target.rows, self.k + 1, features.shape[-1])
+        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
+        self.seed[index] = torch.tensor([self.requests[i].seed for i in chosen],
+                                        device=self.device)
+        first = pick_target_token(last, self.temperature, self.seed[index], lengths)
+        self.anchor[index], self.position[index], self.num_new[index] = first, lengths, lengths
+        for row, request, token, prompt in zip(rows, chosen, first.tolist(), features):
+            self.serving[row], self.slots[row] = request, self.runner.admit()
+            self.completions[request].tokens.append(token)
+            self.prompts[row] = prompt
+
+    def round_inputs(self, live: list[int]) -> RoundInputs:
+        """The live rows' round: each row's accepted context rows, or its prompt."""
+        index = torch.tensor(live, device=self.device)
+        width = max([self.k + 1] + [len(self.prompts[r]) for r in live if r in self.prompts])
+        features = self.features.new_zeros(len(live), width, self.features.shape[-1])
+        features[:, :self.k + 1] = self.features[index]
+        for i, row in enumerate(live):
+            if row in self.prompts:
+                prompt = self.prompts.pop(row)
+                features[i, :len(prompt)] = prompt
+        temperature = torch.full((len(live),), self.temperature, device=self.device)
+        return RoundInputs(features.to(self.dtype), self.num_new[index], self.anchor[index],
+                           self.position[index], temperature, self.seed[index])
+
+    def verify(self, live: list[int], going: list[int], out: DraftOutput) -> tuple:
+        """The target's pass over every row (a fixed shape), the live rows' drafts checked;
+        the rows that go on move to their next round. Returns what the next round reads."""
+        rows = self.target.rows
+        index = torch.tensor([live[i] for i in going], device=self.device)
+        picked = torch.tensor(going, device=self.device)
+        drafted = torch.zeros(rows, self.k, dtype=torch.long, device=self.device)
+        drafted[index] = out.ids.to(self.device)[picked]
+        begin = _Mark(self.device)
+        logits, features = self.target.verify(torch.cat([self.anchor[:, None], drafted], 1),
+                                              self.position)
+        self.marks["verify"].append((begin, _Mark(self.device)))
+        logits, position = logits[index], self.position[index]
+        if self.temperature > 0:
+            p = torch.softmax(logits / self.temperature, -1)
+            accepted, emitted = verify_sampling(drafted[index], out.probs[picked], p,
+                                                self.seed[index], position)
+        else:
+            accepted, emitted = verify_greedy(drafted[index], logits.argmax(-1))
+        self.features[index] = features[index]
+        self.num_new[index] = accepted + 1
+        self.anchor[index] = emitted[torch.arange(len(going), device=self.device), accepted]
+        self.position[index] = position + accepted + 1
+        confidences = out.confidences[going] if out.confidences is not None else None
+        return [live[i] for i in going], [self.serving[live[i]] for i in going], accepted, \
+            emitted, confidences
+
+    def take(self, pending: tuple) -> list[int]:
+        """The previous round's verified tokens into their requests (those not yet done);
+        the rows whose requests are now done."""
+        rows, requests, accepted, emitted, confidences = pending
+        accepted, emitted = accepted.tolist(), emitted.tolist()
+        done = []
+        for i, (row, request) in enumerate(zip(rows, requests)):
+            completion = self.completions[request]
+            wanted = self.requests[request].max_new_tokens
+            if len(completion.tokens) < wanted:
+                completion.accepted.append(accepted[i])
+                completion.confidences.append(
+                    confidences[i].tolist() if confidences is not None else [])
+                completion.tokens += emitted[i][:accepted[i] + 1]
+            if len(completion.tokens) >= wanted:
+                done.append(row)
+        return done
