@@ -28,8 +28,8 @@ register_configs()
 def command(name: str, config_name: str, needs: tuple[str, str] | None = None
             ) -> Callable[[Callable[[DictConfig], None]], Callable[[], None]]:
     """A Hydra entry point whose typed errors end the process with status 2 and one line,
-    ``<name>: <ErrorType>: <message>``; ``--debug`` (or ``HYDRA_FULL_ERROR=1``) shows the
-    traceback instead. ``needs``: a module the command cannot start without, and the
+    ``<name>: <ErrorType>: <message>``; ``--debug`` (or ``DSPARK_DEBUG=1``, or Hydra's own
+    ``HYDRA_FULL_ERROR=1``) shows the traceback instead. ``needs``: a module the command cannot start without, and the
     install command that brings it."""
     def wrap(body: Callable[[DictConfig], None]) -> Callable[[], None]:
         @hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")
@@ -47,8 +47,9 @@ def command(name: str, config_name: str, needs: tuple[str, str] | None = None
                 print(f"{name}: MissingBackendError: {name} needs {needs[0]}: {needs[1]}",
                       file=sys.stderr)
                 raise SystemExit(2)
-            if "--debug" in sys.argv:
-                sys.argv.remove("--debug")
+            if "--debug" in sys.argv or os.environ.get("DSPARK_DEBUG") == "1":
+                if "--debug" in sys.argv:
+                    sys.argv.remove("--debug")
                 os.environ["HYDRA_FULL_ERROR"] = "1"
             try:
                 overrides = sys.argv[1:]

@@ -34,6 +34,7 @@ class Layout(str, Enum):
     one_plus_k = "one_plus_k"
 
 
+FAST_PATHS = ("fused_markov_step", "fused_attention", "skinny_gemm")  # see for_device
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
           "float64": torch.float64}
 # transformers' ACT2FN names
@@ -145,14 +146,15 @@ class LaneConfig:
              or self.markov_rank > 0, "confidence_with_markov",
              "false when markov_rank=0 (the feature is the Markov head's W1 row)",
              self.confidence_with_markov),
-            (self.fused_markov_step is not True or self.fused_step_supported,
+            (self.fused_markov_step is not True or self.supports("fused_markov_step"),
              "fused_markov_step", ("false or auto unless markov_head=vanilla, dtype=bfloat16 "
                                    "and markov_rank is a power of two in [16, 1024]"),
              self.fused_markov_step),
-            (self.fused_attention is not True or self.dtype != "float64", "fused_attention",
+            (self.fused_attention is not True or self.supports("fused_attention"),
+             "fused_attention",
              "false or auto with dtype=float64 (the kernel has no float64 path)",
              self.fused_attention),
-            (self.skinny_gemm is not True or self.skinny_gemm_supported, "skinny_gemm",
+            (self.skinny_gemm is not True or self.supports("skinny_gemm"), "skinny_gemm",
              "false or auto unless dtype is bfloat16 or float16 (the kernel's tensor cores)",
              self.skinny_gemm),
         ]
@@ -176,30 +178,28 @@ class LaneConfig:
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
-    @property
-    def fused_step_supported(self) -> bool:
-        """Whether the fused Markov kernels can walk this lane's head."""
-        return (self.markov_head is MarkovHead.vanilla and self.dtype == "bfloat16"
-                and self.markov_rank in (16, 32, 64, 128, 256, 512, 1024))
+    def supports(self, path: str, dtype: Optional[str] = None) -> bool:
+        """Whether fast path ``path``'s kernel takes this lane in ``dtype`` (default its
+        own): the fused Markov walk a vanilla head of a power-of-two rank in bf16, the
+        attention kernel any dtype but float64, the skinny GEMM 16-bit dtypes."""
+        dtype = dtype or self.dtype
+        walkable = self.markov_head is MarkovHead.vanilla and self.markov_rank in (
+            16, 32, 64, 128, 256, 512, 1024)
+        return {"fused_markov_step": walkable and dtype == "bfloat16",
+                "fused_attention": dtype != "float64",
+                "skinny_gemm": dtype in ("bfloat16", "float16")}[path]
 
-    @property
-    def skinny_gemm_supported(self) -> bool:
-        """Whether the skinny GEMM kernel takes this lane's dtype."""
-        return self.dtype in ("bfloat16", "float16")
-
-    def for_device(self, device: torch.device | str) -> "LaneConfig":
-        """The lane with its ``auto`` fast paths decided for ``device``: on CUDA where they
-        apply, off elsewhere (on the CPU the paths are the reference ones anyway)."""
-        cuda = torch.device(device).type == "cuda"
-        fused, attention, skinny = self.fused_markov_step, self.fused_attention, self.skinny_gemm
-        if fused == "auto":
-            fused = cuda and self.fused_step_supported
-        if attention == "auto":
-            attention = cuda and self.dtype != "float64"
-        if skinny == "auto":
-            skinny = cuda and self.skinny_gemm_supported
-        return self.replace(fused_markov_step=fused, fused_attention=attention,
-                            skinny_gemm=skinny)
+    def for_device(self, device: torch.device | str, dtype: Optional[str] = None
+                   ) -> "LaneConfig":
+        """The lane on ``device`` in ``dtype`` (default its own), its fast paths decided: the
+        one place they are. ``auto`` is on on CUDA where the kernel takes the lane, ``true``
+        on where it takes it (a copy in another dtype, onnx's fp32, drops what it cannot
+        run), anything else off."""
+        dtype, cuda = dtype or self.dtype, torch.device(device).type == "cuda"
+        asked = {path: getattr(self, path) for path in FAST_PATHS}
+        decided = {path: (value is True or (value == "auto" and cuda))
+                   and self.supports(path, dtype) for path, value in asked.items()}
+        return self.replace(dtype=dtype, **decided)
 
     @property
     def has_sliding_layers(self) -> bool:

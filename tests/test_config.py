@@ -100,6 +100,15 @@ def test_the_fast_paths_are_on_by_default_where_they_apply():
         False, False, False)
     off = lane_config("tiny", fused_markov_step=False, fused_attention=False, skinny_gemm=False)
     assert paths(off.for_device("cuda")) == (False, False, False)
+    # a copy in another dtype (onnx's fp32) drops the paths whose kernels do not take it,
+    # asked for or not; the bf16 walk, the 16-bit GEMM and the attention's non-float64 path
+    asked = lane_config("tiny", dtype="bfloat16", fused_markov_step=True, fused_attention=True,
+                        skinny_gemm=True)
+    assert paths(asked.for_device("cpu")) == (True, True, True)  # asked for: kept
+    assert paths(asked.for_device("cuda", "float32")) == (False, True, False)
+    assert paths(asked.for_device("cuda", "float16")) == (False, True, True)
+    assert paths(asked.for_device("cuda", "float64")) == (False, False, False)
+    assert asked.for_device("cuda", "float32").dtype == "float32"
 
 
 def test_asking_for_a_fast_path_where_it_does_not_apply_is_an_error():

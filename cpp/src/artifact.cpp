@@ -20,11 +20,12 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr int kFormatVersion = 2;  // compile/key.py's FORMAT_VERSION
+constexpr int kFormatVersion = 3;  // compile/key.py's FORMAT_VERSION
 const char* const kManifest = "manifest.json";
 const char* const kWeights = "weights.safetensors";
 
-// json.dumps(value, sort_keys=True) as Python writes it: the key's digest is over that text.
+// json.dumps(value, sort_keys=True) as Python writes it, for messages that quote a value as
+// the Python loader's do.
 std::string python_dumps(const json& value) {
   std::string out;
   if (value.is_object()) {  // nlohmann's objects iterate in key order
@@ -94,9 +95,10 @@ bool plain_name(const std::string& name) {
 void check_schema(const json& manifest, const std::string& path) {
   if (!manifest.is_object()) throw ArtifactError(path + ": manifest is not a JSON object");
   const std::vector<std::pair<std::string, std::string>> fields = {
-      {"format_version", "int"}, {"key", "str"},  {"lane", "dict"}, {"weights_sha256", "str"},
-      {"backend", "str"},        {"buckets", "list"}, {"with_probs", "bool"}, {"dtype", "str"},
-      {"k", "int"},              {"env", "dict"},   {"files", "dict"}};
+      {"format_version", "int"}, {"key", "str"},       {"key_text", "str"},
+      {"lane", "dict"},          {"weights_sha256", "str"}, {"backend", "str"},
+      {"buckets", "list"},       {"with_probs", "bool"}, {"dtype", "str"},
+      {"k", "int"},              {"env", "dict"},      {"files", "dict"}};
   for (const auto& [field, kind] : fields) {
     const bool ok = manifest.contains(field) && (
         kind == "int" ? manifest[field].is_number_integer() || manifest[field].is_boolean()
@@ -251,10 +253,14 @@ Artifact read_artifact(const std::string& directory_name, const c10::Device& dev
     throw ArtifactError(dir + " was built in another environment; rebuild it here. Differs: " +
                         joined);
   }
-  const json key = {kFormatVersion,       manifest["lane"], manifest["weights_sha256"],
-                    manifest["backend"],  manifest["buckets"], manifest["env"],
-                    manifest["with_probs"]};
-  if (sha256_text(python_dumps(key)) != manifest["key"].get<std::string>()) {
+  // the key's text, as the manifest carries it: its sha256 is the key, and it says what the
+  // manifest's fields say (compared as values, never written out again)
+  const json fields = {kFormatVersion,       manifest["lane"], manifest["weights_sha256"],
+                       manifest["backend"],  manifest["buckets"], manifest["env"],
+                       manifest["with_probs"]};
+  const std::string key_text = manifest["key_text"].get<std::string>();
+  if (sha256_text(key_text) != manifest["key"].get<std::string>() ||
+      json::parse(key_text, nullptr, false) != fields) {
     throw ArtifactError(path + ": the manifest does not match its key: it was edited or "
                         "damaged; rebuild the artifact");
   }

@@ -50,15 +50,10 @@ def empty_drafter(lane: LaneConfig, device: torch.device | str) -> Drafter:
 
 
 def cast_drafter(drafter: Drafter, dtype: str) -> Drafter:
-    """A copy of ``drafter`` in another dtype (its lane says so too). The fused Markov
-    kernels are bf16 only: another dtype's copy (onnx's fp32) walks with the loop; the
-    attention kernel has no float64 path; the skinny GEMM is for 16-bit dtypes."""
-    lane = drafter.lane
-    lane = lane.replace(dtype=dtype, fused_markov_step=lane.fused_markov_step is True
-                        and dtype == "bfloat16",
-                        fused_attention=lane.fused_attention is True and dtype != "float64")
-    lane = lane.replace(skinny_gemm=lane.skinny_gemm is True and lane.skinny_gemm_supported)
-    copy = empty_drafter(lane, drafter.fc.weight.device)
+    """A copy of ``drafter`` in another dtype (its lane says so too), without the fast
+    paths whose kernels do not take that dtype (:meth:`LaneConfig.for_device`)."""
+    device = drafter.fc.weight.device
+    copy = empty_drafter(drafter.lane.for_device(device, dtype), device)
     copy.load_state_dict(drafter.state_dict())  # copy_ casts
     return copy
 

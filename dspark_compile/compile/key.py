@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import torch
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 
 # an import statement that starts a line, with a parenthesised list of names whole
@@ -142,9 +142,18 @@ class ArtifactKey:
     env: dict[str, Any]
     with_probs: bool = False  # the step also returns the draft distribution q
 
+    def fields(self) -> list[Any]:
+        return [FORMAT_VERSION, self.lane, self.weights_sha256, self.backend,
+                list(self.buckets), self.env, self.with_probs]
+
+    def text(self) -> str:
+        """The key's canonical text: the manifest carries it, so a reader (the C++ runtime)
+        checks its sha256 and compares its parsed values, and never writes JSON as Python
+        does."""
+        return json.dumps(self.fields(), sort_keys=True)
+
     def digest(self) -> str:
-        return _digest([FORMAT_VERSION, self.lane, self.weights_sha256, self.backend,
-                        list(self.buckets), self.env, self.with_probs])
+        return hashlib.sha256(self.text().encode()).hexdigest()
 
     def directory(self, root: Path) -> Path:
         lane_hash = _digest([FORMAT_VERSION, self.lane, self.weights_sha256, self.env])[:12]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import concurrent.futures
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -70,7 +71,8 @@ def build_or_reuse(key: ArtifactKey, root: Path,
                 write(staging)
                 progress.phase("hashing the files")
                 files, chunks = hashes(staging)
-            manifest = {"format_version": FORMAT_VERSION, "key": key.digest(), "lane": key.lane,
+            manifest = {"format_version": FORMAT_VERSION, "key": key.digest(),
+                        "key_text": key.text(), "lane": key.lane,
                         "weights_sha256": key.weights_sha256, "backend": key.backend,
                         "buckets": list(key.buckets), "with_probs": key.with_probs,
                         "dtype": key.lane["dtype"],
@@ -164,7 +166,7 @@ def read_manifest(directory: Path, env: dict[str, Any],
                             f"here. Differs: {'; '.join(differs)}")
     key = ArtifactKey(manifest["lane"], manifest["weights_sha256"], manifest["backend"],
                       tuple(manifest["buckets"]), manifest["env"], manifest["with_probs"])
-    if key.digest() != manifest["key"]:
+    if not _holds_its_key(manifest, key.fields()):
         raise ArtifactError(f"{path}: the manifest does not match its key: it was edited or "
                             "damaged; rebuild the artifact")
     for name in manifest["files"]:
@@ -181,9 +183,19 @@ def read_manifest(directory: Path, env: dict[str, Any],
     return manifest
 
 
-_SCHEMA = {"format_version": int, "key": str, "lane": dict, "weights_sha256": str,
-           "backend": str, "buckets": list, "with_probs": bool, "dtype": str, "k": int,
-           "env": dict, "files": dict}
+_SCHEMA = {"format_version": int, "key": str, "key_text": str, "lane": dict,
+           "weights_sha256": str, "backend": str, "buckets": list, "with_probs": bool,
+           "dtype": str, "k": int, "env": dict, "files": dict}
+
+
+def _holds_its_key(manifest: dict[str, Any], fields: list[Any]) -> bool:
+    """Whether the manifest's key text hashes to its key and says what its fields say."""
+    text = manifest["key_text"]
+    try:
+        return (hashlib.sha256(text.encode()).hexdigest() == manifest["key"]
+                and json.loads(text) == fields)
+    except ValueError:
+        return False
 
 
 def hashes(directory: Path) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:

@@ -12,8 +12,9 @@ from dspark_compile.kernels.linear import linear as skinny_linear
 
 
 def skinny(lane: LaneConfig) -> bool:
-    """Whether ``lane``'s projections take the skinny GEMM where it applies."""
-    return bool(lane.skinny_gemm) and lane.skinny_gemm_supported
+    """Whether ``lane``'s projections take the skinny GEMM where it applies: as the lane's
+    device decided it (:meth:`LaneConfig.for_device`)."""
+    return lane.skinny_gemm is True
 
 
 class Linear(nn.Linear):

@@ -2,10 +2,14 @@
 
 Both return ``(accepted [R], tokens [R, k+1])``: the first ``accepted + 1`` entries of a
 row are the tokens that row emits this round (the accepted drafts, then the target's
-correction or, when every draft was accepted, its bonus token).
+correction or, when every draft was accepted, its bonus token). ``lengths [R]``, where
+given, verifies only a row's first ``lengths`` drafts: the rest count as never drafted,
+so the token after them is the target's own (a shorter draft, verified as losslessly).
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -17,16 +21,19 @@ ACCEPT_STREAM = 1 << 20
 RESAMPLE_STREAM = (1 << 20) + 1
 
 
-def verify_greedy(draft_ids: Tensor, target_ids: Tensor) -> tuple[Tensor, Tensor]:
+def verify_greedy(draft_ids: Tensor, target_ids: Tensor, lengths: Optional[Tensor] = None
+                  ) -> tuple[Tensor, Tensor]:
     """Longest prefix of ``draft_ids [R, k]`` the target's own greedy tokens
     ``target_ids [R, k+1]`` agree with, plus the target's token after it."""
     k = draft_ids.shape[1]
     accepted = torch.cumprod(draft_ids == target_ids[:, :k], dim=1).sum(dim=1)
+    if lengths is not None:
+        accepted = torch.minimum(accepted, lengths)
     return accepted, target_ids
 
 
-def verify_sampling(draft_ids: Tensor, q: Tensor, p: Tensor, seed: Tensor, position: Tensor
-                    ) -> tuple[Tensor, Tensor]:
+def verify_sampling(draft_ids: Tensor, q: Tensor, p: Tensor, seed: Tensor, position: Tensor,
+                    lengths: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Standard speculative sampling (lossless: the emitted tokens follow ``p``).
 
     ``draft_ids [R, k]`` were drawn from ``q [R, k, V]``; ``p [R, k+1, V]`` is the target's
@@ -37,10 +44,13 @@ def verify_sampling(draft_ids: Tensor, q: Tensor, p: Tensor, seed: Tensor, posit
     """
     R, k = draft_ids.shape
     rows = torch.arange(R, device=draft_ids.device)
+    if lengths is not None:  # drafts past a row's length: as if never drafted (q = 0)
+        q = q * (torch.arange(k, device=q.device)[None, :] < lengths[:, None])[..., None]
     p_draft = p[:, :k].gather(-1, draft_ids[..., None]).squeeze(-1)
     q_draft = q.gather(-1, draft_ids[..., None]).squeeze(-1)
     u = uniform(seed, position, ACCEPT_STREAM, k)
     accept = u * q_draft.double() < p_draft.double()  # u < p/q, without dividing by 0
+    accept &= q_draft > 0  # never a draft of no chance: one past a row's length
     accepted = torch.cumprod(accept.long(), dim=1).sum(dim=1)
     # the distribution of the token after the accepted prefix: residual, or p_k as bonus
     q_padded = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)

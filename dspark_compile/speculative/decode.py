@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 import torch
 from torch import Tensor
@@ -57,6 +57,7 @@ class Request:
 class Completion:
     tokens: list[int] = field(default_factory=list)  # the new tokens
     accepted: list[int] = field(default_factory=list)  # drafts accepted, per round
+    verified: list[int] = field(default_factory=list)  # drafts verified, per round
     confidences: list[list[float]] = field(default_factory=list)  # the drafter's, per round
 
 
@@ -92,20 +93,29 @@ def pick_target_token(logits: Tensor, temperature: float, seed: Tensor, position
     return sample(logits, temperatures, seed, position, FIRST_TOKEN_STREAM)
 
 
+Schedule = Callable[[Tensor], Tensor]  # confidences [R, k] -> verify lengths [R]
+
+
 @torch.no_grad()
 def decode(target: Target, runner: Runner, requests: Sequence[Request],
-           temperature: float = 0.0) -> Decoded:
-    """Every request's ``max_new_tokens`` new tokens, ``target.rows`` requests at a time."""
+           temperature: float = 0.0, schedule: Optional[Schedule] = None) -> Decoded:
+    """Every request's ``max_new_tokens`` new tokens, ``target.rows`` requests at a time.
+    ``schedule`` (for example :func:`~dspark_compile.speculative.schedule.verify_lengths`
+    with the target's SPS) picks how many of each round's drafts are verified from their
+    confidences; without it every draft is."""
     if temperature > 0 and not runner.manifest["with_probs"]:
         raise ConfigError("temperature: sampled verification needs the draft distribution; "
                           "build the artifact with with_probs=True")
-    return _Loop(target, runner, requests, temperature).run()
+    if schedule is not None and not runner.lane.confidence_head:
+        raise ConfigError("schedule: the drafter has no confidence head to schedule by")
+    return _Loop(target, runner, requests, temperature, schedule).run()
 
 
 class _Loop:
     def __init__(self, target: Target, runner: Runner, requests: Sequence[Request],
-                 temperature: float):
+                 temperature: float, schedule: Optional[Schedule]):
         self.target, self.runner, self.requests = target, runner, requests
+        self.schedule = schedule
         self.temperature, self.k, self.device = temperature, runner.lane.k, runner.device
         self.dtype = runner.lane.torch_dtype
         rows, device = target.rows, runner.device
@@ -196,31 +206,36 @@ class _Loop:
                                               self.position)
         self.marks["verify"].append((begin, _Mark(self.device)))
         logits, position = logits[index], self.position[index]
+        lengths = None
+        if self.schedule is not None:
+            lengths = self.schedule(out.confidences[going].to(self.device))
         if self.temperature > 0:
             p = torch.softmax(logits / self.temperature, -1)
             accepted, emitted = verify_sampling(drafted[index], out.probs[picked], p,
-                                                self.seed[index], position)
+                                                self.seed[index], position, lengths)
         else:
-            accepted, emitted = verify_greedy(drafted[index], logits.argmax(-1))
+            accepted, emitted = verify_greedy(drafted[index], logits.argmax(-1), lengths)
         self.features[index] = features[index]
         self.num_new[index] = accepted + 1
         self.anchor[index] = emitted[torch.arange(len(going), device=self.device), accepted]
         self.position[index] = position + accepted + 1
         confidences = out.confidences[going] if out.confidences is not None else None
+        verified = lengths if lengths is not None else torch.full_like(accepted, self.k)
         return [live[i] for i in going], [self.serving[live[i]] for i in going], accepted, \
-            emitted, confidences
+            emitted, confidences, verified
 
     def take(self, pending: tuple) -> list[int]:
         """The previous round's verified tokens into their requests (those not yet done);
         the rows whose requests are now done."""
-        rows, requests, accepted, emitted, confidences = pending
-        accepted, emitted = accepted.tolist(), emitted.tolist()
+        rows, requests, accepted, emitted, confidences, verified = pending
+        accepted, emitted, verified = accepted.tolist(), emitted.tolist(), verified.tolist()
         done = []
         for i, (row, request) in enumerate(zip(rows, requests)):
             completion = self.completions[request]
             wanted = self.requests[request].max_new_tokens
             if len(completion.tokens) < wanted:
                 completion.accepted.append(accepted[i])
+                completion.verified.append(verified[i])
                 completion.confidences.append(
                     confidences[i].tolist() if confidences is not None else [])
                 completion.tokens += emitted[i][:accepted[i] + 1]

@@ -28,6 +28,8 @@ def test_the_page_holds_the_manifest_the_key_and_the_environment(tmp_path):
     assert f"Format version: **{FORMAT_VERSION}**." in PAGE
     recipe = [manifest[f] for f in ("format_version", "lane", "weights_sha256", "backend",
                                     "buckets", "env", "with_probs")]
+    assert json.loads(manifest["key_text"]) == recipe
+    assert manifest["key"] == hashlib.sha256(manifest["key_text"].encode()).hexdigest()
     assert manifest["key"] == hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()
                                              ).hexdigest()
     lanehash = hashlib.sha256(json.dumps(recipe[:3] + [recipe[5]], sort_keys=True).encode()

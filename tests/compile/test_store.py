@@ -35,9 +35,9 @@ def edit_manifest(path, change, rekey=False):
     manifest = json.loads((path / MANIFEST).read_text())
     change(manifest)
     if rekey:  # what a genuine build elsewhere would have written
-        manifest["key"] = ArtifactKey(manifest["lane"], manifest["weights_sha256"],
-                                      manifest["backend"], tuple(manifest["buckets"]),
-                                      manifest["env"], manifest["with_probs"]).digest()
+        key = ArtifactKey(manifest["lane"], manifest["weights_sha256"], manifest["backend"],
+                          tuple(manifest["buckets"]), manifest["env"], manifest["with_probs"])
+        manifest["key"], manifest["key_text"] = key.digest(), key.text()
     (path / MANIFEST).write_text(json.dumps(manifest))
 
 
@@ -144,8 +144,16 @@ def test_a_malformed_chunk_record_is_refused(chunked):
         load_runner(chunked, "cpu")
 
 
-def test_tampered_manifest_is_refused(artifact):
-    edit_manifest(artifact, lambda m: m["lane"].update(sliding_causal=False))
+def edit_key_text(manifest):  # the text says what the edited field says; the key is old
+    fields = json.loads(manifest["key_text"])
+    fields[1]["sliding_causal"] = manifest["lane"]["sliding_causal"] = False
+    manifest["key_text"] = json.dumps(fields, sort_keys=True)
+
+
+@pytest.mark.parametrize("tamper", [lambda m: m["lane"].update(sliding_causal=False),
+                                    edit_key_text, lambda m: m.update(key_text="[3, {")])
+def test_tampered_manifest_is_refused(artifact, tamper):
+    edit_manifest(artifact, tamper)
     with pytest.raises(ArtifactError, match="does not match its key"):
         load_runner(artifact, "cpu")
 

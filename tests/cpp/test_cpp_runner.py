@@ -18,6 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from dspark_compile.compile.store import ARTIFACT_WEIGHTS, MANIFEST
+from dspark_compile.draft.checks import RULES
 from dspark_compile.errors import ArtifactError, InputError
 from dspark_compile.runtime import load_runner
 from dspark_compile.tools.verify import plan, record_rounds, save_rounds, verify_artifact
@@ -179,9 +180,11 @@ def test_the_cpp_runner_refuses_a_damaged_artifact_as_the_python_loader_does(
 
 def test_a_refused_round_names_its_input_as_python_does_and_changes_nothing(
         draft_cpp, built_artifact, device, tmp_path):
-    """Refused: a prompt with a NaN in a valid row (by the compiled prefill's rules), a bad
-    anchor (by the step's), narrow features (before any work), a round with no feature rows
-    but a new one claimed. Drafted: a round with no feature rows and none claimed."""
+    """Refused: a prompt with a NaN in a valid row (by the compiled prefill's rules), by the
+    step's rules each in turn (an anchor position below num_new or past the context, a
+    negative temperature, a seed past 2^32, a bad anchor), narrow features (before any
+    work), a round with no feature rows but a new one claimed. Drafted: a round with no
+    feature rows and none claimed."""
     artifact = built_artifact("aoti", LANE)
     runner = load_runner(artifact, device)
     (bucket, batch, inputs), = plan(runner.lane, runner.buckets, ROUNDS, 24, SEED, 0.0,
@@ -194,9 +197,16 @@ def test_a_refused_round_names_its_input_as_python_does_and_changes_nothing(
     no_rows = dataclasses.replace(inputs[1], features=inputs[1].features[:, :0],
                                   num_new=torch.zeros_like(inputs[1].num_new))
     claims_a_row = dataclasses.replace(no_rows, num_new=torch.ones_like(no_rows.num_new))
-    recorded = [bad_prompt, prompt, inputs[1], no_rows, bad_anchor, inputs[2], narrow,
+    step = inputs[2]
+    by_rule = [dataclasses.replace(step, anchor_pos=step.num_new - 1),
+               dataclasses.replace(step, anchor_pos=torch.full_like(step.anchor_pos, 1 << 40)),
+               dataclasses.replace(step, temperature=torch.full_like(step.anchor, -1.0,
+                                                                     dtype=torch.float32)),
+               dataclasses.replace(step, seed=torch.full_like(step.anchor, 1 << 33))]
+    recorded = [bad_prompt, prompt, inputs[1], no_rows, *by_rule, bad_anchor, step, narrow,
                 claims_a_row, *inputs[3:]]
-    refused = {0: bad_prompt, 4: bad_anchor, 6: narrow, 7: claims_a_row}  # by index
+    refused = {0: bad_prompt, 4: by_rule[0], 5: by_rule[1], 6: by_rule[2], 7: by_rule[3],
+               8: bad_anchor, 10: narrow, 11: claims_a_row}  # by index
     rounds, outputs = tmp_path / "rounds.safetensors", tmp_path / "outputs.safetensors"
     save_rounds(rounds, [(bucket, batch, recorded)], device.type, {})
     result = draft_in_cpp(draft_cpp, artifact, rounds, outputs)
@@ -213,9 +223,12 @@ def test_a_refused_round_names_its_input_as_python_does_and_changes_nothing(
             out = runner.draft(round_inputs, slots)
             assert torch.equal(out.ids, drafted[f"b{bucket}.r{index}.ids"]), index
             assert torch.equal(out.confidences, drafted[f"b{bucket}.r{index}.confidences"]), index
+    fields = set()
     for index, round_inputs in refused.items():
         with pytest.raises(InputError) as python:
             runner.draft(round_inputs, slots)
         assert errors.pop(f"b{bucket}.r{index}.error") == str(python.value)
         assert f"b{bucket}.r{index}.ids" not in drafted
+        fields.add(str(python.value).split(":")[0])
     assert not errors
+    assert set(RULES) <= fields  # every rule of the step's, in both runtimes' words

@@ -12,6 +12,7 @@ from dspark_compile.config import lane_config
 from dspark_compile.errors import ConfigError
 from dspark_compile.runtime import load_runner
 from dspark_compile.speculative import Request, decode
+from dspark_compile.speculative.schedule import StepsPerSecond, verify_lengths
 
 transformers = pytest.importorskip("transformers", reason="the end-to-end tests need "
                                    "transformers: pip install -e '.[dev]'")
@@ -99,6 +100,35 @@ def test_greedy_decoding_is_the_targets_own_output_with_rows_refilled(
     assert len(runner._rows) == 0  # every slot released
 
 
+def random_lengths(seed: int):
+    """A schedule of verify lengths drawn at random: any lengths must keep the output."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def schedule(confidences):
+        return torch.randint(0, confidences.shape[1] + 1, confidences.shape[:1],
+                             generator=generator).to(confidences.device)
+    return schedule
+
+
+@pytest.mark.parametrize("schedule", ["algorithm 1", "random"])
+def test_greedy_decoding_with_scheduled_verify_lengths_is_still_the_targets_output(
+        tmp_path, device, schedule):
+    target = qwen3_target(512, seed=5, device=device)
+    lane = lane_config("tiny")
+    runner = runner_for(lane, 0, 2, tmp_path, device)
+    sps = StepsPerSecond((1, 12), (1000.0, 250.0))  # a step of 12 tokens costs 4 of one
+    chosen = (lambda c: verify_lengths(c, sps)) if schedule == "algorithm 1" else random_lengths(1)
+    requests = [Request([1, 2, 3], 20), Request(list(range(40, 60)), 13), Request([9, 9], 7)]
+    decoded = decode(RecomputingTarget(target, 2, lane.target_layer_ids), runner, requests,
+                     schedule=chosen)
+    for request, completion in zip(requests, decoded.completions):
+        assert completion.tokens == target_greedy(target, request.prompt,
+                                                  request.max_new_tokens)
+        assert all(a <= v for a, v in zip(completion.accepted, completion.verified))
+    verified = [v for c in decoded.completions for v in c.verified]
+    assert min(verified) < lane.k  # the schedule shortened some rounds
+
+
 def test_a_drafter_that_agrees_with_the_target_gets_every_draft_accepted(tmp_path, device):
     """Zero output heads on both sides: every logit ties and the lowest index, 0, wins on
     the target and in the drafter alike, so every draft is accepted."""
@@ -124,10 +154,18 @@ def test_sampling_needs_an_artifact_with_the_draft_distribution(tmp_path, device
         decode(target, runner_for(lane, 0, 1, tmp_path, device), [Request([1], 2)], 1.0)
 
 
-def test_sampling_follows_the_target_distribution(tmp_path, device):
+def none_verified(confidences):
+    return torch.zeros(confidences.shape[0], dtype=torch.long, device=confidences.device)
+
+
+# the token this test observes follows a round's first draft: with no draft verified it is
+# the target's own sample, never a correction of the draft
+@pytest.mark.parametrize("schedule", [None, none_verified], ids=["every draft", "none verified"])
+def test_sampling_follows_the_target_distribution(tmp_path, device, schedule):
     """Over many seeded requests, 8 rows at a time, the second generated token (the first
-    the loop's verification emits) follows the target's own distribution at temperature 1:
-    chi-square against the exact mixture sum_x1 p(x1) p(x2 | x1)."""
+    the loop's verification emits) follows the target's own distribution at temperature 1,
+    verifying every draft or as many as a schedule says: chi-square against the exact
+    mixture sum_x1 p(x1) p(x2 | x1)."""
     vocab = 8
     lane = lane_config("tiny", target_vocab_size=vocab, draft_vocab_size=vocab, mask_token_id=7)
     target = qwen3_target(vocab, seed=7, device=device)
@@ -141,7 +179,7 @@ def test_sampling_follows_the_target_distribution(tmp_path, device):
             [prompt + [x]], device=device)).logits[0, -1], -1) for x in range(vocab)])
     expected = (p1[:, None] * following).sum(0).double().cpu().numpy()
     decoded = decode(RecomputingTarget(target, 8, lane.target_layer_ids), runner,
-                     [Request(prompt, 2, seed=seed) for seed in range(runs)], 1.0)
+                     [Request(prompt, 2, seed=seed) for seed in range(runs)], 1.0, schedule)
     counts = np.bincount([c.tokens[1] for c in decoded.completions], minlength=vocab)
     statistic = float(((counts - expected * runs) ** 2 / (expected * runs)).sum())
     assert statistic < 24.3  # chi-square, 7 degrees of freedom, 99.9th percentile

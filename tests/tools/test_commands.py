@@ -1,6 +1,7 @@
 """The commands' configs are checked whole at compose time, and a typed error ends a
 command with status 2 and one line."""
 
+import os
 import subprocess
 import sys
 
@@ -62,9 +63,10 @@ def test_cuda_on_a_torch_without_it_is_a_config_error(tmp_path):
         load_runner(tmp_path, "cuda")  # refused before the artifact is even looked at
 
 
-def run(*args):
+def run(*args, env=None):
     return subprocess.run([sys.executable, "-m", "dspark_compile", *args],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
 
 
 @pytest.mark.parametrize("name,args", [
@@ -79,8 +81,9 @@ def test_a_typed_error_is_one_line_and_status_2(name, args):
     assert len(lines) == 1 and lines[0].startswith(f"{name}: "), result.stderr
 
 
-def test_debug_shows_the_traceback():
-    debug = run("checkpoint=/no/such/dir", "--debug")
+@pytest.mark.parametrize("flag,env", [("--debug", {}), (None, {"DSPARK_DEBUG": "1"})])
+def test_debug_shows_the_traceback(flag, env):
+    debug = run("checkpoint=/no/such/dir", *[flag] * (flag is not None), env=env)
     assert debug.returncode != 0 and "Traceback" in debug.stderr
     assert "CheckpointError" in debug.stderr
 

@@ -1,0 +1,131 @@
+"""Which drafted tokens a round verifies: per request, the prefix worth its cost, from the
+drafter's confidences and the target's verify throughput (DSpark's confidence scheduling).
+
+With calibrated confidences ``c[r, j]`` (the chance draft j survives given that the drafts
+before it did), draft j of request r survives with ``a[r, j] = prod_{i<=j} c[r, i]``.
+Verify lengths ``l[r]`` cost a target step of ``B = sum_r (1 + l[r])`` tokens and yield
+``tau = sum_r (1 + sum_{j<l[r]} a[r, j])`` tokens in expectation; the target runs
+``SPS(B)`` such steps a second. :func:`verify_lengths` (Algorithm 1) admits the drafts in
+order of ``a``, best first, while ``tau * SPS(B)`` grows, and stops at the first that does
+not. Everything here is tensor code of fixed shapes with no host synchronisation, so it can
+run inside a captured graph.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class StepsPerSecond:
+    """``SPS(B)``: the target's verify steps per second with ``B`` tokens in a step,
+    measured at some ``B`` (ascending) and linear between them, flat past the ends."""
+
+    tokens: tuple[int, ...]
+    steps_per_second: tuple[float, ...]
+
+    def __post_init__(self):
+        if not self.tokens or len(self.tokens) != len(self.steps_per_second):
+            raise ValueError("StepsPerSecond: one rate for each token count, at least one")
+        if list(self.tokens) != sorted(set(self.tokens)) or self.tokens[0] < 1:
+            raise ValueError(f"StepsPerSecond: token counts {self.tokens} must ascend from 1")
+        if min(self.steps_per_second) <= 0:
+            raise ValueError("StepsPerSecond: rates must be positive")
+
+    def __call__(self, tokens: Tensor) -> Tensor:
+        xs = torch.tensor(self.tokens, dtype=torch.float64, device=tokens.device)
+        ys = torch.tensor(self.steps_per_second, dtype=torch.float64, device=tokens.device)
+        if len(xs) == 1:
+            return ys.expand(tokens.shape).clone()
+        t = tokens.double().clamp(xs[0], xs[-1])
+        right = torch.searchsorted(xs, t, right=True).clamp(1, len(xs) - 1)
+        x0, x1, y0, y1 = xs[right - 1], xs[right], ys[right - 1], ys[right]
+        return y0 + (y1 - y0) * (t - x0) / (x1 - x0)
+
+
+def profile_steps_per_second(verify_step: Callable[[int], None], tokens: Sequence[int],
+                             repeats: int = 20, warmup: int = 3) -> StepsPerSecond:
+    """``SPS`` measured: ``verify_step(B)`` runs one target step of ``B`` tokens and returns
+    when it is done (on a GPU, after a synchronisation); the median of ``repeats`` at each
+    ``B``."""
+    rates = []
+    for count in tokens:
+        for _ in range(warmup):
+            verify_step(count)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            verify_step(count)
+            times.append(time.perf_counter() - start)
+        rates.append(1.0 / sorted(times)[len(times) // 2])
+    return StepsPerSecond(tuple(tokens), tuple(rates))
+
+
+def verify_lengths(confidences: Tensor, sps: StepsPerSecond) -> Tensor:
+    """Algorithm 1: each request's verify length ``[R]`` (0 .. k) for confidences
+    ``[R, k]``. Survivals fall along a row, so admitting them best first (ties in row
+    order) admits a prefix of each row."""
+    R, k = confidences.shape
+    survival = confidences.double().clamp(0, 1).cumprod(-1).flatten()
+    order = survival.argsort(descending=True, stable=True)
+    gained = torch.cat([survival.new_zeros(1), survival[order].cumsum(0)])
+    admitted = torch.arange(R * k + 1, device=confidences.device)
+    value = (R + gained) * sps(R + admitted)
+    # the admissions before the first that does not raise tau * SPS(B)
+    count = (value[1:] > value[:-1]).long().cumprod(0).sum()
+    taken = (admitted[:-1] < count).long()
+    return torch.zeros(R, dtype=torch.long, device=confidences.device).scatter_add(
+        0, order // k, taken)
+
+
+@dataclass(frozen=True)
+class PositionTemperatures:
+    """STS: a temperature per draft position on the confidence's logit,
+    ``sigmoid(logit(c[:, j]) / T[j])``, fitted by :func:`fit_position_temperatures`."""
+
+    temperatures: tuple[float, ...]
+
+    def __call__(self, confidences: Tensor) -> Tensor:
+        t = torch.tensor(self.temperatures, dtype=torch.float64, device=confidences.device)
+        c = confidences.double().clamp(1e-12, 1 - 1e-12)
+        return torch.sigmoid(torch.logit(c) / t).to(confidences.dtype)
+
+
+def calibration_error(predicted: Tensor, happened: Tensor, bins: int = 10) -> float:
+    """Expected calibration error: over equal-width bins of the predicted chance, the gap
+    between its mean and the observed rate, weighted by the bin's share."""
+    predicted, happened = predicted.double().flatten(), happened.double().flatten()
+    which = (predicted * bins).long().clamp(0, bins - 1)
+    gap = (predicted.new_zeros(bins).index_add_(0, which, predicted)
+           - predicted.new_zeros(bins).index_add_(0, which, happened)).abs()
+    return float(gap.sum() / max(len(predicted), 1))
+
+
+def survival_errors(confidences: Tensor, accepted: Tensor) -> list[float]:
+    """Per position j, the calibration error of the survival ``prod_{i<=j} c[:, i]``
+    against what happened (``accepted > j``), over rounds ``confidences [N, k]`` that
+    accepted ``accepted [N]`` drafts each."""
+    survival = confidences.double().cumprod(-1)
+    return [calibration_error(survival[:, j], accepted > j) for j in range(survival.shape[1])]
+
+
+def fit_position_temperatures(confidences: Tensor, accepted: Tensor,
+                              grid: Sequence[float] = tuple(0.25 * 1.1 ** i for i in range(40))
+                              ) -> PositionTemperatures:
+    """STS from recorded rounds (their confidences ``[N, k]`` and drafts accepted ``[N]``):
+    each position's temperature in turn, left to right, the one of ``grid`` (1 among them)
+    whose cumulative product has the least calibration error, the earlier positions'
+    already applied."""
+    fitted: list[float] = []
+    k = confidences.shape[1]
+    for j in range(k):
+        def error(t: float) -> float:
+            scaled = PositionTemperatures(tuple(fitted) + (t,) * (k - j))(confidences)
+            return survival_errors(scaled[:, :j + 1], accepted)[j]
+        fitted.append(min([1.0, *grid], key=error))
+    return PositionTemperatures(tuple(fitted))

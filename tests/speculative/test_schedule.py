@@ -1,0 +1,94 @@
+"""Confidence scheduling against brute force and outside references: Algorithm 1 against
+every verify-length vector of small cases, SPS's interpolation against numpy's, STS
+against outcomes drawn from known survival chances."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from dspark_compile.speculative import schedule
+from dspark_compile.speculative.schedule import (StepsPerSecond, fit_position_temperatures,
+                                                 survival_errors, verify_lengths)
+
+
+def value(confidences: torch.Tensor, lengths, sps: StepsPerSecond) -> float:
+    """tau * SPS(B) of verify lengths, recomputed row by row."""
+    tau = sum(1 + sum(float(np.prod(row[:j + 1])) for j in range(l))
+              for row, l in zip(confidences.double().tolist(), lengths))
+    tokens = sum(1 + l for l in lengths)
+    return tau * float(sps(torch.tensor([tokens]))[0])
+
+
+def affine_sps(requests: int, k: int) -> StepsPerSecond:
+    """A step that costs a fixed time plus a time per token: rates 1 / (c0 + c1 B)."""
+    tokens = tuple(range(1, requests * (k + 1) + 1))
+    return StepsPerSecond(tokens, tuple(1.0 / (3.0 + 0.7 * b) for b in tokens))
+
+
+@pytest.mark.parametrize("requests,k,seed", [(1, 4, 0), (2, 3, 1), (3, 2, 2), (3, 4, 3),
+                                             (2, 4, 4)])
+def test_algorithm_1_finds_the_best_lengths_where_the_step_time_is_affine(
+        requests, k, seed, device):
+    confidences = torch.rand(requests, k, generator=torch.Generator().manual_seed(seed))
+    sps = affine_sps(requests, k)
+    lengths = verify_lengths(confidences.to(device), sps).cpu().tolist()
+    best = max(itertools.product(range(k + 1), repeat=requests),
+               key=lambda ls: value(confidences, ls, sps))
+    assert value(confidences, lengths, sps) == pytest.approx(value(confidences, best, sps),
+                                                             rel=1e-12)
+
+
+def test_algorithm_1_stops_at_the_first_step_that_does_not_pay_even_where_a_later_one_would():
+    """A measured SPS that dips at B = 2 (say, a kernel's worse tile at two rows): the early
+    stop verifies nothing, the anchor alone (100 expected tokens a second), where verifying
+    all three drafts gives 3.439 x 60 = 206: it loses 51%, the price of the early stop that
+    keeps the schedule lossless."""
+    confidences = torch.full((1, 3), 0.9)
+    sps = StepsPerSecond((1, 2, 3, 4), (100.0, 40.0, 60.0, 60.0))
+    assert verify_lengths(confidences, sps).tolist() == [0]
+    best = max(range(4), key=lambda l: value(confidences, [l], sps))
+    assert best == 3 and value(confidences, [3], sps) == pytest.approx(206.34)
+
+
+def test_steps_per_second_interpolates_as_numpy_does():
+    sps = StepsPerSecond((1, 4, 16, 64), (900.0, 850.0, 600.0, 200.0))
+    tokens = torch.tensor([0, 1, 2, 3, 4, 10, 16, 40, 64, 100])
+    expected = np.interp(tokens.numpy(), sps.tokens, sps.steps_per_second)
+    assert sps(tokens).numpy() == pytest.approx(expected)
+    with pytest.raises(ValueError, match="ascend"):
+        StepsPerSecond((4, 1), (1.0, 2.0))
+
+
+def test_the_profiler_takes_each_steps_median_time(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(schedule.time, "perf_counter", lambda: clock[0])
+    calls = []
+
+    def verify_step(tokens):  # 2 ms plus 0.5 ms a token, one call in five 10 ms slower
+        calls.append(tokens)
+        clock[0] += 0.002 + 0.0005 * tokens + (0.01 if len(calls) % 5 == 0 else 0)
+    sps = schedule.profile_steps_per_second(verify_step, [1, 8], repeats=9, warmup=1)
+    assert sps.tokens == (1, 8) and calls == [1] * 10 + [8] * 10
+    assert sps.steps_per_second == pytest.approx((1 / 0.0025, 1 / 0.006))
+
+
+def test_position_temperatures_lower_the_calibration_error_on_held_out_rounds():
+    """Rounds whose drafts survive, position by position, with chances the confidences
+    overstate (the true logit is the confidence's over 2.5 at the first position, over 1.5
+    after): STS fitted on half the rounds lowers the survival's calibration error on the
+    other half at every position."""
+    generator = torch.Generator().manual_seed(0)
+    rounds, k = 8000, 4
+    confidences = torch.rand(rounds, k, generator=generator) * 0.9 + 0.05
+    truth = torch.tensor([2.5, 1.5, 1.5, 1.5])
+    chance = torch.sigmoid(torch.logit(confidences) / truth)
+    survives = torch.rand(rounds, k, generator=generator) < chance
+    accepted = survives.long().cumprod(-1).sum(-1)  # drafts accepted before the first miss
+    fit, held = slice(0, rounds // 2), slice(rounds // 2, rounds)
+    sts = fit_position_temperatures(confidences[fit], accepted[fit])
+    before = survival_errors(confidences[held], accepted[held])
+    after = survival_errors(sts(confidences[held]), accepted[held])
+    assert all(a < b for a, b in zip(after, before)), (before, after)
+    assert sts.temperatures[0] == pytest.approx(2.5, rel=0.25)
