@@ -53,12 +53,12 @@ def verify_sampling(draft_ids: Tensor, q: Tensor, p: Tensor, seed: Tensor, posit
     accept &= q_draft > 0  # never a draft of no chance: one past a row's length
     accepted = torch.cumprod(accept.long(), dim=1).sum(dim=1)
     # the distribution of the token after the accepted prefix: residual, or p_k as bonus
-    q_padded = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)
+    q_padded = torch.cat([q, q.new_zeros(q.shape[0], 1, q.shape[-1])], dim=1)
     residual = (p[rows, accepted] - q_padded[rows, accepted]).clamp_min(0).double()
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual,
                            p[rows, accepted].double())  # p == q: nothing left to correct
     noise = gumbel(seed, position, RESAMPLE_STREAM, p.shape[-1])
     correction = (residual.log() + noise).argmax(dim=-1)
-    tokens = torch.cat([draft_ids, torch.zeros_like(draft_ids[:, :1])], dim=1)
+    tokens = torch.cat([draft_ids, draft_ids.new_zeros(R, 1)], dim=1)
     tokens[rows, accepted] = correction
     return accepted, tokens

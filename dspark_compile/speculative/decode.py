@@ -43,7 +43,8 @@ class Target(Protocol):
 
     def verify(self, tokens: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
         """``tokens [rows, n]`` at positions ``start[r] + i`` in every row: logits
-        ``[rows, n, V]`` and features ``[rows, n, F]``."""
+        ``[rows, n, V]`` and features ``[rows, n, F]``. ``n`` is k+1, or fewer where a
+        schedule verifies fewer drafts."""
 
 
 @dataclass
@@ -93,7 +94,7 @@ def pick_target_token(logits: Tensor, temperature: float, seed: Tensor, position
     return sample(logits, temperatures, seed, position, FIRST_TOKEN_STREAM)
 
 
-Schedule = Callable[[Tensor], Tensor]  # confidences [R, k] -> verify lengths [R]
+Schedule = Callable[[Tensor], Tensor]  # confidences [R, k] on the host -> verify lengths [R]
 
 
 @torch.no_grad()
@@ -194,28 +195,32 @@ class _Loop:
                            self.position[index], temperature, self.seed[index])
 
     def verify(self, live: list[int], going: list[int], out: DraftOutput) -> tuple:
-        """The target's pass over every row (a fixed shape), the live rows' drafts checked;
-        the rows that go on move to their next round. Returns what the next round reads."""
-        rows = self.target.rows
+        """The target's pass over every row, the live rows' drafts checked; the rows that go
+        on move to their next round. Returns what the next round reads. With a schedule
+        the pass is as wide as the longest verify length needs (the confidences, and so the
+        lengths, are on the host already: no synchronisation)."""
+        rows, width = self.target.rows, self.k
+        lengths = None
+        if self.schedule is not None:
+            scheduled = self.schedule(out.confidences[going])
+            width, lengths = int(scheduled.max()), scheduled.to(self.device)
         index = torch.tensor([live[i] for i in going], device=self.device)
         picked = torch.tensor(going, device=self.device)
-        drafted = torch.zeros(rows, self.k, dtype=torch.long, device=self.device)
-        drafted[index] = out.ids.to(self.device)[picked]
+        drafted = torch.zeros(rows, width, dtype=torch.long, device=self.device)
+        drafted[index] = out.ids.to(self.device)[picked, :width]
         begin = _Mark(self.device)
         logits, features = self.target.verify(torch.cat([self.anchor[:, None], drafted], 1),
                                               self.position)
         self.marks["verify"].append((begin, _Mark(self.device)))
         logits, position = logits[index], self.position[index]
-        lengths = None
-        if self.schedule is not None:
-            lengths = self.schedule(out.confidences[going].to(self.device))
         if self.temperature > 0:
             p = torch.softmax(logits / self.temperature, -1)
-            accepted, emitted = verify_sampling(drafted[index], out.probs[picked], p,
+            accepted, emitted = verify_sampling(drafted[index], out.probs[picked, :width], p,
                                                 self.seed[index], position, lengths)
         else:
             accepted, emitted = verify_greedy(drafted[index], logits.argmax(-1), lengths)
-        self.features[index] = features[index]
+        self.features[index] = 0
+        self.features[index, :width + 1] = features[index]
         self.num_new[index] = accepted + 1
         self.anchor[index] = emitted[torch.arange(len(going), device=self.device), accepted]
         self.position[index] = position + accepted + 1

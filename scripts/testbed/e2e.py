@@ -22,6 +22,9 @@ from data import DATA, load
 from dspark_compile import lane_config, load_checkpoint, load_runner
 from dspark_compile.compile import build_artifact
 from dspark_compile.speculative import Request, decode, pick_target_token
+from dspark_compile.speculative.schedule import (fit_position_temperatures,
+                                                 profile_steps_per_second, survival_errors,
+                                                 verify_lengths)
 from llama import LlamaTarget, StaticLlama, captured
 from target import LANE, load_target
 
@@ -80,7 +83,7 @@ def target_alone(model, prompts, new_tokens: list[int], temperature: float, grap
 
 
 def speculative(model, runner, prompts, new_tokens: list[int], temperature: float,
-                graphs: bool, slots: int, device) -> dict:
+                graphs: bool, slots: int, device, schedule=None) -> dict:
     """The package's draft -> verify loop with the target in as many rows as prompts: the
     tokens, the accepted drafts and the confidences per round, the seconds in all, and
     those of the draft and the verification on the device's stream."""
@@ -88,12 +91,14 @@ def speculative(model, runner, prompts, new_tokens: list[int], temperature: floa
     target = LlamaTarget(model, len(prompts), slots, lane.target_layer_ids, lane.k + 1, graphs)
     sync()
     run = decode(target, runner, [Request(p, n, seed=row) for row, (p, n)
-                                  in enumerate(zip(prompts, new_tokens))], temperature)
+                                  in enumerate(zip(prompts, new_tokens))], temperature,
+                 schedule)
     done = run.completions
     return dict(tokens=[c.tokens for c in done],
                 accepted=[a for c in done for a in c.accepted],
-                confidences=[x for c in done for x in c.confidences], seconds=run.seconds,
-                draft_seconds=run.draft_seconds, verify_seconds=run.verify_seconds)
+                verified=[v for c in done for v in c.verified],
+                confidences=[x for c in done for x in c.confidences], spec_s=run.seconds,
+                draft_s=run.draft_seconds, verify_s=run.verify_seconds)
 
 
 def summary(k: int, accepted: list[int], confidences: list[list[float]]) -> dict:
@@ -107,6 +112,84 @@ def summary(k: int, accepted: list[int], confidences: list[list[float]]) -> dict
                                      / max(1, sum(reached[i])) for i in range(k)],
                 confidence_if_reached=[sum(c[i] for c, r in zip(confidences, reached[i]) if r)
                                        / max(1, sum(reached[i])) for i in range(k)])
+
+
+def measure(model, runner, held_out: list[list[int]], lengths: list[int], batch: int,
+            temperature: float, graphs: bool, device, schedule=None) -> dict:
+    """Both arms over the held-out prompts, ``batch`` at a time: seconds, the rounds'
+    accepted and verified drafts and confidences, greedy identity and where outputs part."""
+    k, taps = runner.lane.k, runner.lane.target_layer_ids
+    run = dict(generated=0, base_s=0.0, spec_s=0.0, draft_s=0.0, verify_s=0.0, accepted=[],
+               verified=[], confidences=[], same=0, compared=0, diverged=[])
+    for first in range(0, len(held_out) - batch + 1, batch):
+        group, wanted = held_out[first:first + batch], lengths[first:first + batch]
+        slots = cache_slots(group, max(wanted), k)
+        alone, _, seconds = target_alone(model, group, wanted, temperature, graphs, taps, slots,
+                                         device)
+        spec = speculative(model, runner, group, wanted, temperature, graphs, slots, device,
+                           schedule)
+        run["generated"] += sum(wanted)
+        run["base_s"] += seconds
+        for key in ("spec_s", "draft_s", "verify_s"):
+            run[key] += spec[key]
+        for key in ("accepted", "verified", "confidences"):
+            run[key] += spec[key]
+        run["same"] += sum(a == b for a, b in zip(alone, spec["tokens"]))
+        # where greedy outputs part: the target's own margin there (a pass of k+1 tokens
+        # rounds its logits otherwise than a pass of one), from a run of its own, untimed
+        parted = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+                  for a, b in zip(alone, spec["tokens"])]
+        if temperature == 0 and any(i is not None for i in parted):
+            _, gaps, _ = target_alone(model, group, wanted, temperature, graphs, taps, slots,
+                                      device, True)
+            run["diverged"] += [dict(request=first + r, position=i, gap=gaps[r][i])
+                                for r, i in enumerate(parted) if i is not None]
+        run["compared"] += len(group)
+    return run
+
+
+def scheduler(model, run: dict, batch: int, graphs: bool, k: int, taps, slots: int, device):
+    """Algorithm 1 over the target's SPS, profiled at every verify width of ``batch`` rows,
+    on confidences calibrated by STS fitted on the first half of ``run``'s rounds; with the
+    calibration error per position on the other half before and after STS."""
+    confidences, accepted = torch.tensor(run["confidences"]), torch.tensor(run["accepted"])
+    half = len(accepted) // 2
+    sts = fit_position_temperatures(confidences[:half], accepted[:half])
+    target = LlamaTarget(model, batch, slots, taps, k + 1, graphs)
+    start = torch.zeros(batch, dtype=torch.long, device=device)
+
+    def verify_step(tokens: int) -> None:
+        target.verify(torch.zeros(batch, tokens // batch, dtype=torch.long, device=device),
+                      start)
+        sync()
+    sps = profile_steps_per_second(verify_step, [batch * n for n in range(1, k + 2)])
+    fitted = dict(sts=sts.temperatures, sps=dict(zip(sps.tokens, sps.steps_per_second)),
+                  calibration_error=survival_errors(confidences[half:], accepted[half:]),
+                  calibration_error_sts=survival_errors(sts(confidences[half:]),
+                                                        accepted[half:]))
+    return (lambda c: verify_lengths(sts(c), sps)), fitted
+
+
+def report(run: dict, args, backend: str, batch: int, temperature: float, graphs: bool,
+           k: int, schedule: str) -> dict:
+    """One row of the results, printed as it is made."""
+    row = dict(backend=backend, batch=batch, temperature=temperature, schedule=schedule,
+               blas=args.blas, target_graphs=graphs, requests=run["compared"],
+               new_tokens=args.new_tokens, to_end_of_answer=args.to_end_of_answer,
+               generated=run["generated"],
+               target_alone_tokens_per_s=run["generated"] / run["base_s"],
+               speculative_tokens_per_s=run["generated"] / run["spec_s"],
+               speedup=run["base_s"] / run["spec_s"], draft_share=run["draft_s"] / run["spec_s"],
+               verify_share=run["verify_s"] / run["spec_s"],
+               verified_per_round=sum(run["verified"]) / max(1, len(run["verified"])),
+               **summary(k, run["accepted"], run["confidences"]))
+    if temperature == 0:
+        row["identical_to_target_greedy"] = f"{run['same']}/{run['compared']}"
+        row["divergences"] = run["diverged"]
+    print(json.dumps({key: round(v, 3) if isinstance(v, float) else v
+                      for key, v in row.items() if not isinstance(v, (list, dict))}),
+          row.get("divergences", ""), flush=True)
+    return row
 
 
 def main() -> None:
@@ -127,6 +210,9 @@ def main() -> None:
                         "answer has (it ends at the end of turn), up to --new-tokens")
     parser.add_argument("--artifacts-dir", default="artifacts")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--schedule", action="store_true",
+                        help="also verify per request the drafts Algorithm 1 picks, from "
+                             "STS-calibrated confidences and the target's profiled SPS")
     parser.add_argument("--blas", default="cublaslt", choices=["cublas", "cublaslt"],
                         help="the GEMM library on CUDA, both arms: cuBLASLt takes an fp32 "
                              "pass of 8 tokens in 5.4 ms where cuBLAS takes 8.2 (passes.py)")
@@ -150,52 +236,19 @@ def main() -> None:
             runner = load_runner(path, device)
             for batch in args.batches:
                 for graphs in graphs_options:
-                    spec_s = base_s = draft_s = verify_s = 0.0
-                    generated = 0
-                    accepted, confidences, same, compared, diverged = [], [], 0, 0, []
-                    for first in range(0, len(held_out) - batch + 1, batch):
-                        group = held_out[first:first + batch]
-                        wanted = lengths[first:first + batch]
-                        slots = cache_slots(group, max(wanted), k)
-                        alone, _, seconds = target_alone(model, group, wanted, temperature,
-                                                         graphs, taps, slots, device)
-                        run = speculative(model, runner, group, wanted, temperature, graphs,
-                                          slots, device)
-                        generated += sum(wanted)
-                        base_s += seconds
-                        spec_s, draft_s = spec_s + run["seconds"], draft_s + run["draft_seconds"]
-                        verify_s += run["verify_seconds"]
-                        accepted += run["accepted"]
-                        confidences += run["confidences"]
-                        same += sum(a == b for a, b in zip(alone, run["tokens"]))
-                        # where greedy outputs part: the target's own margin there (a pass of
-                        # k+1 tokens rounds its logits otherwise than a pass of one), from a
-                        # run of its own, untimed
-                        parted = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y),
-                                       None) for a, b in zip(alone, run["tokens"])]
-                        if temperature == 0 and any(i is not None for i in parted):
-                            _, gaps, _ = target_alone(model, group, wanted, temperature, graphs,
-                                                      taps, slots, device, True)
-                            diverged += [dict(request=first + r, position=i, gap=gaps[r][i])
-                                         for r, i in enumerate(parted) if i is not None]
-                        compared += len(group)
-                    row = dict(backend=backend, batch=batch, temperature=temperature,
-                               blas=args.blas, target_graphs=graphs,
-                               requests=compared,
-                               new_tokens=args.new_tokens,
-                               to_end_of_answer=args.to_end_of_answer, generated=generated,
-                               target_alone_tokens_per_s=generated / base_s,
-                               speculative_tokens_per_s=generated / spec_s,
-                               speedup=base_s / spec_s, draft_share=draft_s / spec_s,
-                               verify_share=verify_s / spec_s,
-                               **summary(k, accepted, confidences))
-                    if temperature == 0:
-                        row["identical_to_target_greedy"] = f"{same}/{compared}"
-                        row["divergences"] = diverged
-                    rows.append(row)
-                    print(json.dumps({key: round(v, 3) if isinstance(v, float) else v
-                                      for key, v in row.items() if not isinstance(v, list)}),
-                          row.get("divergences", ""), flush=True)
+                    run = measure(model, runner, held_out, lengths, batch, temperature,
+                                  graphs, device)
+                    rows.append(report(run, args, backend, batch, temperature, graphs, k,
+                                       "every draft"))
+                    if args.schedule and drafter.lane.confidence_head:
+                        schedule, fitted = scheduler(
+                            model, run, batch, graphs, k, taps,
+                            cache_slots(held_out, args.new_tokens, k), device)
+                        rows[-1].update(fitted)
+                        run = measure(model, runner, held_out, lengths, batch, temperature,
+                                      graphs, device, schedule)
+                        rows.append(report(run, args, backend, batch, temperature, graphs, k,
+                                           "algorithm 1 with STS"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(dict(rows=rows, lane=drafter.lane.to_dict()), indent=2))
     print(args.out)

@@ -98,13 +98,20 @@ def captured(llama: StaticLlama, batch: int, n: int
 class LlamaTarget:
     """A :class:`StaticLlama` of ``rows`` rows as the speculative loop's target
     (``dspark_compile.speculative.Target``): prompts through the rows they fill, and
-    verification passes of ``n`` tokens over every row, captured as one CUDA graph where
-    ``graphs``."""
+    verification passes of up to ``n`` tokens over every row, each width captured as one
+    CUDA graph where ``graphs`` (all before the first pass: none is captured in a timed
+    run)."""
 
     def __init__(self, model: torch.nn.Module, rows: int, slots: int, taps: list[int],
                  n: int, graphs: bool):
         self.llama, self.rows = StaticLlama(model, rows, slots, taps), rows
-        self.verify = captured(self.llama, rows, n) if graphs else self.llama.forward
+        self.passes = {width: captured(self.llama, rows, width) for width in range(1, n + 1)
+                       } if graphs else None
+
+    def verify(self, tokens: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
+        if self.passes is None:
+            return self.llama.forward(tokens, start)
+        return self.passes[tokens.shape[1]](tokens, start)
 
     def prefill(self, rows: list[int], prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
         device = self.llama.k.device

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers", reason="the dev extra has tra
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "testbed"))
 from blocks import context, target_pass, teacher_forced  # noqa: E402
 from data import generate  # noqa: E402
-from e2e import cache_slots, speculative, target_alone  # noqa: E402
+from e2e import cache_slots, measure, scheduler, speculative, target_alone  # noqa: E402
 from evaluate import held_out_blocks, statistics, validate  # noqa: E402
 from llama import LlamaTarget  # noqa: E402
 from train import train  # noqa: E402
@@ -89,6 +89,13 @@ def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
     best = logits[len(requests[0]) - 1:-1].topk(2).values
     assert margins[0] == pytest.approx((best[:, 0] - best[:, 1]).tolist(), abs=1e-4)
     assert sum(run["accepted"]) > 0  # the trained drafter's tokens were accepted
+    # e2e's scheduled arm: STS from the rounds of a run, SPS profiled, Algorithm 1 on
+    measured = measure(target, runner, requests, wanted, 2, 0.0, False, CPU)
+    schedule, fitted = scheduler(target, measured, 2, False, lane.k, lane.target_layer_ids,
+                                 slots, CPU)
+    assert len(fitted["sts"]) == lane.k and sorted(fitted["sps"]) == [2, 4, 6, 8]
+    scheduled = measure(target, runner, requests, wanted, 2, 0.0, False, CPU, schedule)
+    assert scheduled["same"] == scheduled["compared"] == 2  # still the target's output
 
     # each request's rounds, teacher-forced on its greedy answer, accept what the runtime's
     # rounds accepted
