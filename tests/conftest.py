@@ -199,7 +199,7 @@ def run_verify(artifact, *overrides):
 # ``--dist loadfile`` take files in collection order (with xdist's reordering off), so a
 # long file collected last would run alone at the end.
 LONGEST_FIRST = ("test_two_commands.py", "tools/test_cli.py", "compile/test_backends.py",
-                 "runtime/test_runner.py", "speculative/test_generate.py")
+                 "runtime/test_runner.py", "speculative/test_loop.py")
 
 
 def pytest_configure(config):

@@ -11,7 +11,7 @@ from dspark_compile.compile import build_artifact
 from dspark_compile.config import lane_config
 from dspark_compile.errors import ConfigError
 from dspark_compile.runtime import load_runner
-from dspark_compile.speculative import Request, decode
+from dspark_compile.speculative import Request, acceptance, decode, loop
 from dspark_compile.speculative.schedule import StepsPerSecond, verify_lengths
 
 transformers = pytest.importorskip("transformers", reason="the end-to-end tests need "
@@ -185,3 +185,34 @@ def test_sampling_follows_the_target_distribution(tmp_path, device, schedule):
     assert statistic < 24.3  # chi-square, 7 degrees of freedom, 99.9th percentile
     # the drafter is not the target: corrections were exercised
     assert any(c.accepted[0] == 0 for c in decoded.completions)
+
+
+def test_each_positions_acceptance_is_the_overlap_of_the_two_distributions(
+        tmp_path, device, monkeypatch):
+    """Over the loop's sampled rounds, draft j is accepted, where reached, as often as
+    ``sum_v min(p_j(v), q_j(v))`` says on average over those rounds (p the target's, q the
+    drafter's distribution): within four standard errors, at the first two positions."""
+    vocab = 8
+    lane = lane_config("tiny", target_vocab_size=vocab, draft_vocab_size=vocab, mask_token_id=7)
+    target = qwen3_target(vocab, seed=8, device=device)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(4)
+    runner = runner_for(lane, 5, 4, tmp_path, device, with_probs=True)
+    seen = []
+
+    def recording(draft_ids, q, p, seed, position, lengths=None):
+        accepted, tokens = acceptance.verify_sampling(draft_ids, q, p, seed, position, lengths)
+        seen.append((torch.minimum(p[:, :q.shape[1]], q).sum(-1).cpu(), accepted.cpu()))
+        return accepted, tokens
+    monkeypatch.setattr(loop, "verify_sampling", recording)
+    decode(RecomputingTarget(target, 4, lane.target_layer_ids), runner,
+           [Request([1, 5, 2, s % 7], 8, seed=s) for s in range(200)], 1.0)
+    overlap = torch.cat([o for o, _ in seen]).double()  # [rounds, k]
+    accepted = torch.cat([a for _, a in seen])
+    for j in range(2):
+        reached = accepted >= j
+        expected = overlap[reached, j]
+        realized = (accepted[reached] > j).double()
+        error = float((expected * (1 - expected)).sum().sqrt() / reached.sum())
+        assert abs(float(realized.mean() - expected.mean())) < 4 * error, (j, error)
+        assert 0.2 < float(expected.mean()) < 0.95  # the drafts neither always nor never pass
