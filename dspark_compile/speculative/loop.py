@@ -22,7 +22,7 @@ from torch import Tensor
 
 from dspark_compile.draft import DraftOutput, RoundInputs
 from dspark_compile.draft.sampling import sample
-from dspark_compile.errors import ConfigError
+from dspark_compile.errors import ConfigError, InputError
 from dspark_compile.runtime import Runner
 from dspark_compile.speculative.acceptance import verify_greedy, verify_sampling
 
@@ -109,6 +109,11 @@ def decode(target: Target, runner: Runner, requests: Sequence[Request],
                           "build the artifact with with_probs=True")
     if schedule is not None and not runner.lane.confidence_head:
         raise ConfigError("schedule: the drafter has no confidence head to schedule by")
+    for i, request in enumerate(requests):
+        if not request.prompt or request.max_new_tokens < 1:
+            raise InputError(f"requests[{i}]", f"a prompt of {len(request.prompt)} tokens "
+                             f"and max_new_tokens={request.max_new_tokens}",
+                             "a prompt of at least one token and max_new_tokens >= 1")
     return _Loop(target, runner, requests, temperature, schedule).run()
 
 

@@ -9,7 +9,7 @@ import torch
 from dspark_compile.checkpoint import random_drafter
 from dspark_compile.compile import build_artifact
 from dspark_compile.config import lane_config
-from dspark_compile.errors import ConfigError
+from dspark_compile.errors import ConfigError, InputError
 from dspark_compile.runtime import load_runner
 from dspark_compile.speculative import Request, acceptance, decode, loop
 from dspark_compile.speculative.schedule import StepsPerSecond, verify_lengths
@@ -144,6 +144,16 @@ def test_a_drafter_that_agrees_with_the_target_gets_every_draft_accepted(tmp_pat
     (completion,) = decoded.completions
     assert completion.tokens == [0] * 20
     assert completion.accepted == [lane.k] * len(completion.accepted)
+
+
+@pytest.mark.parametrize("request_", [Request([], 3), Request([1, 2], 0)])
+def test_a_request_without_a_prompt_or_tokens_to_make_is_refused_by_name(
+        tmp_path, device, request_):
+    lane = lane_config("tiny")
+    target = RecomputingTarget(qwen3_target(512, seed=5, device=device), 1,
+                               lane.target_layer_ids)
+    with pytest.raises(InputError, match=r"requests\[1\]"):
+        decode(target, runner_for(lane, 0, 1, tmp_path, device), [Request([1], 2), request_])
 
 
 def test_sampling_needs_an_artifact_with_the_draft_distribution(tmp_path, device):
