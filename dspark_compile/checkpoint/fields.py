@@ -55,8 +55,12 @@ class Reading:
         inner.fields, inner.sources = self.fields, self.sources
         return inner
 
-    def value(self, key: str, default: Any = REQUIRED, why: str = "") -> tuple[Any, str]:
-        """The config's value of ``key`` (or the format's default), and where it came from."""
+    def value(self, key: str, default: Any = REQUIRED, why: str = "",
+              nullable: bool = True) -> tuple[Any, str]:
+        """The config's value of ``key`` (or the format's default), and where it came from.
+        A null reads as absent, unless the format's own config refuses it (``nullable``)."""
+        if key in self.config and self.config[key] is None and not nullable:
+            raise self.refuse(key, None, "an integer (the format's own config refuses null)")
         if key in self.config and self.config[key] is not None:
             return self.config[key], f"config.json {self.prefix}{key}"
         if default is REQUIRED:
@@ -64,9 +68,9 @@ class Reading:
         return default, f"{self.origin} default ({self.prefix}{key}={default!r})"
 
     def take(self, field: str, key: str, default: Any = REQUIRED,
-             convert: Callable[[Any], Any] = lambda v: v) -> Any:
+             convert: Callable[[Any], Any] = lambda v: v, nullable: bool = True) -> Any:
         """Set lane ``field`` from ``key``; returns the raw value."""
-        value, source = self.value(key, default)
+        value, source = self.value(key, default, nullable=nullable)
         self.put(field, convert(value), source)
         return value
 

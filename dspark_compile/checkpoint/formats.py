@@ -91,7 +91,12 @@ def load_checkpoint(directory: str | Path, lane: LaneConfig,
         if verifier is not None:
             supplied = verifier_tensors(verifier, names)
     ignored = SPECULATORS_EXTRA if fmt is Format.speculators else frozenset()
-    drafter = load_weights(lane, files, device, supplied, ignored)
+    try:
+        drafter = load_weights(lane, files, device, supplied, ignored)
+    except CheckpointError as err:  # named by its checkpoint, once
+        if str(directory) in str(err):
+            raise
+        raise CheckpointError(f"{directory}: {err}") from None
     drafter.sources = sources
     return drafter
 

@@ -34,11 +34,12 @@ def read(config: dict[str, Any]) -> Reading:
                        "with a Markov head and a confidence head)")
     layers = r.at("transformer_layer_config")
     read_transformer(layers, ("qwen3", "llama"))
-    r.take("draft_vocab_size", "draft_vocab_size", 32000)
+    # pydantic fields typed int: the format's own config refuses a null
+    r.take("draft_vocab_size", "draft_vocab_size", 32000, nullable=False)
     read_attention(r, layers)
     anchor = r.take("layout", "sample_from_anchor", True,
                     lambda v: Layout.anchor_first if v else Layout.one_plus_k)
-    block, source = r.value("block_size", 8)
+    block, source = r.value("block_size", 8, nullable=False)
     if not isinstance(anchor, bool) or not isinstance(block, int):
         raise r.refuse("sample_from_anchor, block_size", (anchor, block),
                        "expected true or false, and an integer")
