@@ -5,7 +5,7 @@ penalty (T 0.7, top-p 0.9, penalty 1.2, transformers' own logits processors). On
 ids are kept (uint16, a few MB), so later runs need not regenerate them. The held-out
 prompts' answers are kept apart: the drafter never trains on them; they validate it.
 
-    python scripts/testbed/data.py --target testbed/target   # -> data/testbed/selfdistill.safetensors
+    python scripts/testbed/data.py --target testbed/target  # -> data/testbed/
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ implementation (``llama.StaticLlama``) in both arms, eager and captured as CUDA 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from pathlib import Path
@@ -21,74 +22,24 @@ from torch import Tensor
 from data import DATA, load
 from dspark_compile import lane_config, load_checkpoint, load_runner
 from dspark_compile.compile import build_artifact
-from dspark_compile.speculative import Request, decode, pick_target_token
+from dspark_compile.speculative import Request, decode
 from dspark_compile.speculative.schedule import (fit_position_temperatures,
                                                  profile_steps_per_second, survival_errors,
                                                  verify_lengths)
-from llama import LlamaTarget, StaticLlama, captured
+from alone import cache_slots, sync, target_alone, target_alone_refilled
+from llama import LlamaTarget
 from target import LANE, load_target
 
 
-def prefill(llama: StaticLlama, prompts: list[list[int]], device) -> tuple[Tensor, ...]:
-    """The prompts (right-padded) through the target: last logits, features, lengths."""
-    lengths = torch.tensor([len(p) for p in prompts], device=device)
-    tokens = torch.zeros(len(prompts), int(lengths.max()), dtype=torch.long, device=device)
-    for row, p in enumerate(prompts):
-        tokens[row, :len(p)] = torch.tensor(p)
-    logits, features = llama.forward(tokens, torch.zeros_like(lengths))
-    rows = torch.arange(len(prompts), device=device)
-    return logits[rows, lengths - 1], features, lengths
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def cache_slots(prompts: list[list[int]], new_tokens: int, k: int) -> int:
-    """The target's cache in both arms: a speculative row may overshoot its tokens by k and
-    runs on two rounds before the loop knows it is done (then it stays where it is)."""
-    return max(map(len, prompts)) + new_tokens + 2 * (k + 1)
-
-
-def target_alone(model, prompts, new_tokens: list[int], temperature: float, graphs: bool,
-                 taps, slots: int, device, margins: bool = False
-                 ) -> tuple[list[list[int]], Optional[list[list[float]]], float]:
-    """Plain generation, one target pass per token, ``new_tokens[row]`` tokens a row (the
-    batch runs until its longest is done). Returns the new tokens, with ``margins`` the gap
-    between the best two logits at each of them (else None: not in a timed run), and the
-    seconds."""
-    B = len(prompts)
-    llama = StaticLlama(model, B, slots, taps)
-    step = captured(llama, B, 1) if graphs else llama.forward
-    seed = torch.arange(B, device=device)
-    sync()
-    start = time.perf_counter()
-    last, _, position = prefill(llama, prompts, device)
-    out, gaps = [], []
-    for _ in range(max(new_tokens)):
-        token = pick_target_token(last, temperature, seed, position)
-        out.append(token)
-        if margins:
-            best = last.topk(2).values
-            gaps.append(best[:, 0] - best[:, 1])
-        logits, _ = step(token[:, None], position)
-        last, position = logits[:, 0], position + 1
-    sync()
-    seconds = time.perf_counter() - start
-    tokens = [t[:n] for t, n in zip(torch.stack(out, 1).tolist(), new_tokens)]
-    if not margins:
-        return tokens, None, seconds
-    return tokens, [g[:n] for g, n in zip(torch.stack(gaps, 1).tolist(), new_tokens)], seconds
-
-
 def speculative(model, runner, prompts, new_tokens: list[int], temperature: float,
-                graphs: bool, slots: int, device, schedule=None) -> dict:
-    """The package's draft -> verify loop with the target in as many rows as prompts: the
-    tokens, the accepted drafts and the confidences per round, the seconds in all, and
-    those of the draft and the verification on the device's stream."""
+                graphs: bool, slots: int, device, schedule=None, rows: Optional[int] = None
+                ) -> dict:
+    """The package's draft -> verify loop with the target in ``rows`` rows (default: as many
+    as prompts): the tokens, the accepted drafts and the confidences per round, the seconds
+    in all, and those of the draft and the verification on the device's stream."""
     lane = runner.lane
-    target = LlamaTarget(model, len(prompts), slots, lane.target_layer_ids, lane.k + 1, graphs)
+    target = LlamaTarget(model, rows or len(prompts), slots, lane.target_layer_ids, lane.k + 1,
+                         graphs)
     sync()
     run = decode(target, runner, [Request(p, n, seed=row) for row, (p, n)
                                   in enumerate(zip(prompts, new_tokens))], temperature,
@@ -115,19 +66,27 @@ def summary(k: int, accepted: list[int], confidences: list[list[float]]) -> dict
 
 
 def measure(model, runner, held_out: list[list[int]], lengths: list[int], batch: int,
-            temperature: float, graphs: bool, device, schedule=None) -> dict:
-    """Both arms over the held-out prompts, ``batch`` at a time: seconds, the rounds'
-    accepted and verified drafts and confidences, greedy identity and where outputs part."""
+            temperature: float, graphs: bool, device, schedule=None, refill: bool = False
+            ) -> dict:
+    """Both arms over the held-out prompts, ``batch`` at a time (in groups that run until
+    their longest request ends, or with ``refill`` through ``batch`` rows that take the next
+    prompt as one ends): seconds, the rounds' accepted and verified drafts and confidences,
+    greedy identity and where outputs part."""
     k, taps = runner.lane.k, runner.lane.target_layer_ids
     run = dict(generated=0, base_s=0.0, spec_s=0.0, draft_s=0.0, verify_s=0.0, accepted=[],
                verified=[], confidences=[], same=0, compared=0, diverged=[])
-    for first in range(0, len(held_out) - batch + 1, batch):
-        group, wanted = held_out[first:first + batch], lengths[first:first + batch]
+    size = len(held_out) if refill else batch
+    for first in range(0, len(held_out) - size + 1, size):
+        group, wanted = held_out[first:first + size], lengths[first:first + size]
         slots = cache_slots(group, max(wanted), k)
-        alone, _, seconds = target_alone(model, group, wanted, temperature, graphs, taps, slots,
-                                         device)
+        if refill:
+            alone, seconds = target_alone_refilled(model, group, wanted, temperature, graphs,
+                                                   taps, slots, device, batch)
+        else:
+            alone, _, seconds = target_alone(model, group, wanted, temperature, graphs, taps,
+                                             slots, device)
         spec = speculative(model, runner, group, wanted, temperature, graphs, slots, device,
-                           schedule)
+                           schedule, rows=batch)
         run["generated"] += sum(wanted)
         run["base_s"] += seconds
         for key in ("spec_s", "draft_s", "verify_s"):
@@ -170,11 +129,17 @@ def scheduler(model, run: dict, batch: int, graphs: bool, k: int, taps, slots: i
     return (lambda c: verify_lengths(sts(c), sps)), fitted
 
 
+def fixed_length(length: int, confidences: Tensor) -> Tensor:
+    """A schedule that verifies ``length`` drafts of every request."""
+    return torch.full(confidences.shape[:1], length, dtype=torch.long)
+
+
 def report(run: dict, args, backend: str, batch: int, temperature: float, graphs: bool,
            k: int, schedule: str) -> dict:
     """One row of the results, printed as it is made."""
     row = dict(backend=backend, batch=batch, temperature=temperature, schedule=schedule,
-               blas=args.blas, target_graphs=graphs, requests=run["compared"],
+               refill=args.refill, blas=args.blas, target_graphs=graphs,
+               requests=run["compared"],
                new_tokens=args.new_tokens, to_end_of_answer=args.to_end_of_answer,
                generated=run["generated"],
                target_alone_tokens_per_s=run["generated"] / run["base_s"],
@@ -210,6 +175,11 @@ def main() -> None:
                         "answer has (it ends at the end of turn), up to --new-tokens")
     parser.add_argument("--artifacts-dir", default="artifacts")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--refill", action="store_true",
+                        help="both arms through `batch` rows that take the next prompt as soon "
+                             "as a request ends, not in groups run to their longest request")
+    parser.add_argument("--fixed-lengths", type=int, nargs="*", default=[],
+                        help="also verify this many drafts a round, each (e.g. 1 2 3)")
     parser.add_argument("--schedule", action="store_true",
                         help="also verify per request the drafts Algorithm 1 picks, from "
                              "STS-calibrated confidences and the target's profiled SPS")
@@ -236,19 +206,21 @@ def main() -> None:
             runner = load_runner(path, device)
             for batch in args.batches:
                 for graphs in graphs_options:
-                    run = measure(model, runner, held_out, lengths, batch, temperature,
-                                  graphs, device)
-                    rows.append(report(run, args, backend, batch, temperature, graphs, k,
-                                       "every draft"))
+                    def arm(schedule, name: str) -> tuple[dict, dict]:
+                        run = measure(model, runner, held_out, lengths, batch, temperature,
+                                      graphs, device, schedule, args.refill)
+                        row = report(run, args, backend, batch, temperature, graphs, k, name)
+                        rows.append(row)
+                        return run, row
+                    every, every_row = arm(None, "every draft")
+                    for fixed in args.fixed_lengths:
+                        arm(functools.partial(fixed_length, fixed), f"{fixed} drafts")
                     if args.schedule and drafter.lane.confidence_head:
                         schedule, fitted = scheduler(
-                            model, run, batch, graphs, k, taps,
+                            model, every, batch, graphs, k, taps,
                             cache_slots(held_out, args.new_tokens, k), device)
-                        rows[-1].update(fitted)
-                        run = measure(model, runner, held_out, lengths, batch, temperature,
-                                      graphs, device, schedule)
-                        rows.append(report(run, args, backend, batch, temperature, graphs, k,
-                                           "algorithm 1 with STS"))
+                        every_row.update(fitted)
+                        arm(schedule, "algorithm 1 with STS")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(dict(rows=rows, lane=drafter.lane.to_dict()), indent=2))
     print(args.out)

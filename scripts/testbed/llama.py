@@ -27,6 +27,20 @@ class StaticLlama:
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
 
+    def prefill(self, prompts: list[list[int]], rows: Optional[list[int]] = None
+                ) -> tuple[Tensor, Tensor, Tensor]:
+        """The prompts, right-padded, from position 0 into ``rows`` (default: rows 0 ..
+        len(prompts) - 1, which must then be all of them): each prompt's last logits, its
+        features, and the prompts' lengths."""
+        device = self.k.device
+        lengths = torch.tensor([len(p) for p in prompts], device=device)
+        tokens = torch.zeros(len(prompts), int(lengths.max()), dtype=torch.long, device=device)
+        for row, prompt in enumerate(prompts):
+            tokens[row, :len(prompt)] = torch.tensor(prompt)
+        logits, features = self.forward(tokens, torch.zeros_like(lengths),
+                                        None if rows is None else torch.tensor(rows, device=device))
+        return logits[torch.arange(len(prompts), device=device), lengths - 1], features, lengths
+
     @torch.no_grad()
     def forward(self, tokens: Tensor, start: Tensor, rows: Optional[Tensor] = None
                 ) -> tuple[Tensor, Tensor]:
@@ -114,11 +128,4 @@ class LlamaTarget:
         return self.passes[tokens.shape[1]](tokens, start)
 
     def prefill(self, rows: list[int], prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
-        device = self.llama.k.device
-        lengths = torch.tensor([len(p) for p in prompts], device=device)
-        tokens = torch.zeros(len(prompts), int(lengths.max()), dtype=torch.long, device=device)
-        for row, prompt in enumerate(prompts):
-            tokens[row, :len(prompt)] = torch.tensor(prompt)
-        logits, features = self.llama.forward(tokens, torch.zeros_like(lengths),
-                                              torch.tensor(rows, device=device))
-        return logits[torch.arange(len(prompts), device=device), lengths - 1], features
+        return self.llama.prefill(prompts, rows)[:2]

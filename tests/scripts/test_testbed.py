@@ -4,6 +4,7 @@ transformers' generate), a few training steps, the speculators checkpoint read b
 draft -> verify through the runtime, and the teacher-forced blocks that training and
 evaluation use against the rounds the runtime drafted."""
 
+import functools
 import sys
 from pathlib import Path
 
@@ -14,7 +15,9 @@ transformers = pytest.importorskip("transformers", reason="the dev extra has tra
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "testbed"))
 from blocks import context, target_pass, teacher_forced  # noqa: E402
 from data import generate  # noqa: E402
-from e2e import cache_slots, measure, scheduler, speculative, target_alone  # noqa: E402
+from alone import target_alone_refilled  # noqa: E402
+from e2e import (cache_slots, fixed_length, measure, scheduler, speculative,  # noqa: E402
+                 target_alone)
 from evaluate import held_out_blocks, statistics, validate  # noqa: E402
 from llama import LlamaTarget  # noqa: E402
 from train import train  # noqa: E402
@@ -96,6 +99,15 @@ def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
     assert len(fitted["sts"]) == lane.k and sorted(fitted["sps"]) == [2, 4, 6, 8]
     scheduled = measure(target, runner, requests, wanted, 2, 0.0, False, CPU, schedule)
     assert scheduled["same"] == scheduled["compared"] == 2  # still the target's output
+    one_draft = measure(target, runner, requests, wanted, 2, 0.0, False, CPU,
+                        functools.partial(fixed_length, 1))
+    assert set(one_draft["verified"]) == {1} and one_draft["same"] == 2
+    # both arms through one row, the second request taking it when the first ends
+    refilled, _ = target_alone_refilled(target, requests, wanted, 0.0, False,
+                                        lane.target_layer_ids, slots, CPU, 1)
+    assert refilled == alone
+    through_one = measure(target, runner, requests, wanted, 1, 0.0, False, CPU, refill=True)
+    assert through_one["same"] == through_one["compared"] == 2
 
     # each request's rounds, teacher-forced on its greedy answer, accept what the runtime's
     # rounds accepted

@@ -1,0 +1,106 @@
+"""The testbed's baseline arm: the target generating alone, one pass a token, in groups that
+run until their longest request ends, or through fixed rows refilled as requests end."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Optional
+
+import torch
+
+from dspark_compile.speculative import pick_target_token
+from llama import StaticLlama, captured
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def cache_slots(prompts: list[list[int]], new_tokens: int, k: int) -> int:
+    """The target's cache in both arms: a speculative row may overshoot its tokens by k and
+    runs on two rounds before the loop knows it is done (then it stays where it is)."""
+    return max(map(len, prompts)) + new_tokens + 2 * (k + 1)
+
+
+def target_alone(model, prompts, new_tokens: list[int], temperature: float, graphs: bool,
+                 taps, slots: int, device, margins: bool = False
+                 ) -> tuple[list[list[int]], Optional[list[list[float]]], float]:
+    """Plain generation, one target pass per token, ``new_tokens[row]`` tokens a row (the
+    batch runs until its longest is done). Returns the new tokens, with ``margins`` the gap
+    between the best two logits at each of them (else None: not in a timed run), and the
+    seconds."""
+    B = len(prompts)
+    llama = StaticLlama(model, B, slots, taps)
+    step = captured(llama, B, 1) if graphs else llama.forward
+    seed = torch.arange(B, device=device)
+    sync()
+    start = time.perf_counter()
+    last, _, position = llama.prefill(prompts)
+    out, gaps = [], []
+    for _ in range(max(new_tokens)):
+        token = pick_target_token(last, temperature, seed, position)
+        out.append(token)
+        if margins:
+            best = last.topk(2).values
+            gaps.append(best[:, 0] - best[:, 1])
+        logits, _ = step(token[:, None], position)
+        last, position = logits[:, 0], position + 1
+    sync()
+    seconds = time.perf_counter() - start
+    tokens = [t[:n] for t, n in zip(torch.stack(out, 1).tolist(), new_tokens)]
+    if not margins:
+        return tokens, None, seconds
+    return tokens, [g[:n] for g, n in zip(torch.stack(gaps, 1).tolist(), new_tokens)], seconds
+
+
+def target_alone_refilled(model, prompts, new_tokens: list[int], temperature: float,
+                          graphs: bool, taps, slots: int, device, rows: int
+                          ) -> tuple[list[list[int]], float]:
+    """Plain generation through ``rows`` rows, a finished request's row taking the next
+    prompt at once (continuous batching), request ``i`` seeded ``i``. The lengths are known
+    ahead, so the host refills rows without reading a token back. Returns the new tokens
+    and the seconds."""
+    llama = StaticLlama(model, rows, slots, taps)
+    step = captured(llama, rows, 1) if graphs else llama.forward
+    queue, serving, left = deque(range(len(prompts))), [None] * rows, [0] * rows
+    last = torch.zeros(rows, model.config.vocab_size, device=device)
+    position = torch.zeros(rows, dtype=torch.long, device=device)
+    seed, active = torch.zeros_like(position), torch.zeros(rows, dtype=torch.bool, device=device)
+    made = []  # per step: the tokens, and the request each row served
+
+    def refill(free: list[int]) -> None:
+        chosen = [queue.popleft() for _ in free]
+        logits, _, lengths = llama.prefill([prompts[i] for i in chosen], free)
+        index = torch.tensor(free, device=device)
+        last[index], position[index] = logits, lengths
+        seed[index], active[index] = torch.tensor(chosen, device=device), True
+        for row, request in zip(free, chosen):
+            serving[row], left[row] = request, new_tokens[request]
+
+    sync()
+    start = time.perf_counter()
+    refill(list(range(min(rows, len(queue)))))
+    while any(request is not None for request in serving):
+        token = pick_target_token(last, temperature, seed, position)
+        made.append((token, list(serving)))
+        ended = [r for r in range(rows) if serving[r] is not None and left[r] == 1]
+        for row in range(rows):
+            left[row] -= serving[row] is not None
+        logits, _ = step(token[:, None], position)
+        last, position = logits[:, 0].clone(), position + active
+        for row in ended:
+            serving[row] = None
+        if ended:
+            active[torch.tensor(ended, device=device)] = False
+        if ended and queue:
+            refill(ended[:len(queue)])
+    sync()
+    seconds = time.perf_counter() - start
+    tokens: list[list[int]] = [[] for _ in prompts]
+    for values, requests in zip(torch.stack([t for t, _ in made]).tolist(), (r for _, r in made)):
+        for value, request in zip(values, requests):
+            if request is not None:
+                tokens[request].append(value)
+    return tokens, seconds
