@@ -286,7 +286,7 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def test_soak_eight_hundred_rounds_with_requests_coming_and_going(built_artifact, device):
+def test_soak_five_hundred_rounds_with_requests_coming_and_going(built_artifact, device):
     """Random admits and releases, random subsets drafting: token-identical to the host
     path on a shadow cache that mirrors every row move, and no growth in memory."""
     runner = load_runner(built_artifact("eager", "tiny"), device)
@@ -296,7 +296,7 @@ def test_soak_eight_hundred_rounds_with_requests_coming_and_going(built_artifact
     shadow = KVCache.allocate(lane, runner.buckets[-1], device)
     position: dict[int, int] = {}  # slot -> anchor position; absent until its prompt
     admitted: list[int] = []
-    rounds, compared, baseline = 800, 0, None
+    rounds, compared, baseline = 500, 0, None
     for index in range(rounds):
         if admitted and rng.random() < 0.08:
             gone = admitted.pop(rng.randrange(len(admitted)))
@@ -333,7 +333,7 @@ def test_soak_eight_hundred_rounds_with_requests_coming_and_going(built_artifact
         assert torch.equal(out.ids.cpu(), ref.ids[rows]), f"round {index}"
         assert torch.equal(out.confidences.cpu(), ref.confidences[rows]), f"round {index}"
         compared += out.ids.numel()
-        if index == 300:
+        if index == 200:
             baseline = rss_mb()
     assert compared >= rounds * lane.k
     assert rss_mb() - baseline < 32, "memory grew over the soak"
