@@ -74,6 +74,9 @@ class LaneConfig:
     fused_attention: Any = "auto"
     skinny_gemm: Any = "auto"
     confidence_with_markov: bool = True
+    # STS: a temperature per draft position on the confidence's logit, applied in the step
+    # (speculative/schedule.py fits them from recorded rounds); null: the head's own
+    confidence_temperatures: Optional[list[float]] = None
     layout: Layout = Layout.anchor_first
     # per layer "full_attention" (all context, the block bidirectional) or
     # "sliding_attention" (the sliding_window context positions before the anchor, the
@@ -92,6 +95,8 @@ class LaneConfig:
         self.layer_types = list(self.layer_types)
         if self.rope_scaling is not None:
             self.rope_scaling = dict(self.rope_scaling)
+        if self.confidence_temperatures is not None:
+            self.confidence_temperatures = list(self.confidence_temperatures)
         # types first: a lane can come from an untrusted config.json or manifest
         def integer(value: Any) -> bool:
             return isinstance(value, int) and not isinstance(value, bool)
@@ -120,6 +125,10 @@ class LaneConfig:
                  ("confidence_with_markov", isinstance(self.confidence_with_markov, bool),
                   "true or false"),
                  ("confidence_head", isinstance(self.confidence_head, bool), "true or false"),
+                 ("confidence_temperatures", self.confidence_temperatures is None
+                  or (self.confidence_head and len(self.confidence_temperatures) == self.k
+                      and all(map(_positive_real, self.confidence_temperatures))),
+                  "null, or k positive numbers with a confidence head"),
                  ("fused_markov_step", _switch(self.fused_markov_step), "true, false or auto"),
                  ("fused_attention", _switch(self.fused_attention), "true, false or auto"),
                  ("skinny_gemm", _switch(self.skinny_gemm), "true, false or auto")]

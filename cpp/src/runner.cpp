@@ -128,6 +128,7 @@ struct Runner::State {
   std::map<int64_t, std::vector<at::Tensor>> host;    // bucket -> bytes, ids, confidences, rules
   std::map<int64_t, std::pair<at::Tensor, at::Tensor>> defaults;  // requests -> T, seed zeros
   std::map<int64_t, int64_t> rows;  // slot -> cache row; rows 0..size-1 are taken
+  at::Tensor rates;                 // schedule(): SPS by tokens, on the host; or undefined
   int64_t next_slot = 0;
   std::atomic<bool> busy{false};
 
@@ -286,7 +287,47 @@ void check_rules(const at::Tensor& kept, const Lane& lane, int64_t capacity,
   }
 }
 
+// Algorithm 1 (dspark_compile/runtime/schedule.py, verify_lengths) over the confidences of
+// the round's requests, on the host where they are already: the drafts in order of their
+// survival, best first, admitted while tau * SPS(B) grows, stopping at the first that does not.
+at::Tensor verify_lengths(const at::Tensor& confidences, const at::Tensor& rates) {
+  const int64_t R = confidences.size(0), k = confidences.size(1);
+  const at::Tensor survival = confidences.to(at::kDouble).clamp(0, 1).cumprod(-1).flatten();
+  const at::Tensor order = std::get<1>(survival.sort(/*stable=*/true, 0, /*descending=*/true));
+  const at::Tensor gained =
+      at::cat({at::zeros({1}, survival.options()), survival.index_select(0, order).cumsum(0)});
+  const at::Tensor admitted = at::arange(R * k + 1, at::kLong);
+  const at::Tensor value = (gained + R) * rates.index_select(0, admitted + R);
+  const at::Tensor grows = value.slice(0, 1).gt(value.slice(0, 0, R * k)).to(at::kLong);
+  const at::Tensor count = grows.cumprod(0).sum();
+  return at::zeros({R}, at::kLong)
+      .scatter_add(0, order.div(k, "floor"), admitted.slice(0, 0, R * k).lt(count).to(at::kLong));
+}
+
 }  // namespace
+
+void Runner::schedule(const std::optional<at::Tensor>& steps_per_second) {
+  State& s = *state_;
+  Exclusive exclusive(s.busy);
+  const Lane& lane = s.artifact.lane;
+  if (!steps_per_second) {
+    s.rates = at::Tensor();
+    return;
+  }
+  if (!lane.confidence_head) {
+    throw InputError("steps_per_second", "a drafter without a confidence head",
+                     "a drafter with one to schedule by");
+  }
+  const int64_t tokens = s.artifact.buckets.back() * (lane.k + 1) + 1;
+  const at::Tensor& rates = *steps_per_second;
+  if (!rates.defined() || rates.dim() != 1 || rates.size(0) < tokens ||
+      rates.scalar_type() != at::kDouble) {
+    throw InputError("steps_per_second", rates.defined() ? "shape " + tuple(rates.sizes())
+                                                         : "undefined",
+                     "float64 [" + std::to_string(tokens) + "] or longer (SPS at 0 tokens up)");
+  }
+  s.rates = rates.to(at::kCPU).contiguous();
+}
 
 DraftOutput Runner::draft(const at::Tensor& features, const at::Tensor& num_new,
                           const at::Tensor& anchor, const at::Tensor& anchor_pos,
@@ -368,8 +409,10 @@ DraftOutput Runner::draft(const at::Tensor& features, const at::Tensor& num_new,
   host[0].copy_(outputs[0], /*non_blocking=*/true);
   s.capture.synchronize();
   check_rules(host[3], lane, s.capacity, features, num_new, anchor, anchor_pos, temperature, seed);
-  return DraftOutput{host[1].index_select(0, index),
-                     lane.confidence_head ? host[2].index_select(0, index) : at::Tensor()};
+  DraftOutput out{host[1].index_select(0, index),
+                  lane.confidence_head ? host[2].index_select(0, index) : at::Tensor()};
+  if (s.rates.defined()) out.lengths = verify_lengths(out.confidences, s.rates);
+  return out;
 }
 
 std::vector<int64_t> Runner::slots() const {

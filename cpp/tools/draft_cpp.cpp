@@ -1,6 +1,7 @@
 // dspark-draft-cpp ARTIFACT INPUTS OUTPUTS [--time REPEATS]: replays the rounds
 // `dspark-verify record=INPUTS` wrote through the C++ runner and writes their ids and
-// confidences to OUTPUTS (a refused round: its message, as metadata "<round>.error"), for
+// confidences to OUTPUTS (and their verify lengths, where INPUTS holds a
+// "steps_per_second" table to schedule by) (a refused round: its message, as metadata "<round>.error"), for
 // `dspark-verify replay=OUTPUTS` to check against the host path. With --time, each bucket's
 // last drafted round is drafted REPEATS times more and the wall time of each call, in
 // microseconds, goes to metadata "b<bucket>.draft_us" (a JSON list); the Runner's
@@ -28,6 +29,8 @@ int main(int argc, char** argv) {
     const c10::Device device(recorded.metadata.at("device"));
     const auto loading = std::chrono::steady_clock::now();
     dspark::Runner runner(argv[1], device);
+    const auto sps = recorded.tensors.find("steps_per_second");
+    if (sps != recorded.tensors.end()) runner.schedule(sps->second);
     std::map<std::string, at::Tensor> outputs;
     std::map<std::string, std::string> metadata = recorded.metadata;  // the rounds' settings
     metadata["load_s"] = std::to_string(
@@ -53,6 +56,7 @@ int main(int argc, char** argv) {
           const dspark::DraftOutput out = round();
           outputs[prefix + "ids"] = out.ids;
           if (out.confidences.defined()) outputs[prefix + "confidences"] = out.confidences;
+          if (out.lengths.defined()) outputs[prefix + "lengths"] = out.lengths;
           last = round;
         } catch (const dspark::InputError& err) {  // a refused round: its message, then on
           metadata[prefix + "error"] = err.what();

@@ -76,7 +76,9 @@ class DraftOutput:
     ids: Tensor          # [R, k] int64, target vocabulary
     confidences: Optional[Tensor]  # [R, k] float32; None for a drafter without the head
     probs: Optional[Tensor] = None  # [R, k, V_target] float32 draft distribution q
+    # [R] int64 drafts to verify (0 .. k), from a runner that schedules (Runner.schedule)
+    lengths: Optional[Tensor] = None
 
     def select(self, rows: Tensor) -> "DraftOutput":
         return DraftOutput(*(None if t is None else t[rows]
-                             for t in (self.ids, self.confidences, self.probs)))
+                             for t in (self.ids, self.confidences, self.probs, self.lengths)))

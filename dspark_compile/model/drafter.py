@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -41,6 +41,14 @@ class Drafter(Backbone):
             anchor_row = rows[:, 0] if self.lane.layout is Layout.one_plus_k else None
             state = self.markov_head.initial_state(anchor, anchor_row, h)
         return h, self.lm_head(h), state
+
+    def calibrate(self, temperatures: Optional[Sequence[float]]) -> None:
+        """STS: the confidence head's temperature per draft position from now on (None: its
+        own confidences). The lane says so too, so an artifact built from this drafter is
+        keyed by them and applies them in its step."""
+        self.lane = self.lane.replace(
+            confidence_temperatures=None if temperatures is None else list(temperatures))
+        self.confidence_head.temperatures = self.lane.confidence_temperatures
 
     def confidences(self, h: Tensor, prevs: Tensor) -> Tensor:
         """Confidences ``[R, k]`` (fp32) of the rows ``h`` given the ids fed to each step;

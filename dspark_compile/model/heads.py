@@ -62,7 +62,8 @@ class MarkovHead(nn.Module):
 
 
 class ConfidenceHead(nn.Module):
-    """``c_k = sigmoid(w · [h_k ; W1[prev_k]] + b)``, returned in fp32.
+    """``c_k = sigmoid((w · [h_k ; W1[prev_k]] + b) / T_k)``, returned in fp32; ``T_k`` the
+    lane's ``confidence_temperatures`` (STS), else 1.
 
     Accumulated in fp64 and rounded once: the fp32 result is then the same whatever order
     a backend sums the dot product in, so confidences stay bit-identical across compilers.
@@ -72,6 +73,7 @@ class ConfidenceHead(nn.Module):
         super().__init__()
         width = lane.hidden_size + (lane.markov_rank if lane.confidence_with_markov else 0)
         self.with_markov = lane.confidence_with_markov
+        self.temperatures = lane.confidence_temperatures
         self.proj = nn.Linear(width, 1)
 
     def forward(self, h: Tensor, prev_embeddings: Optional[Tensor]) -> Tensor:
@@ -79,4 +81,7 @@ class ConfidenceHead(nn.Module):
         head) -> confidences ``[R, k]`` (fp32)."""
         x = torch.cat([h, prev_embeddings], dim=-1) if self.with_markov else h
         logit = F.linear(x.double(), self.proj.weight.double(), self.proj.bias.double())
-        return torch.sigmoid(logit).float().squeeze(-1)
+        logit = logit.squeeze(-1)
+        if self.temperatures is not None:
+            logit = logit / logit.new_tensor(self.temperatures)
+        return torch.sigmoid(logit).float()

@@ -15,9 +15,10 @@ from dspark_compile.config import LaneConfig
 from dspark_compile.draft import DraftOutput, KVCache, RoundInputs
 from dspark_compile.draft.checks import RULES, check_input_shapes, check_rules, round_rules
 from dspark_compile.draft.inputs import greedy_defaults
-from dspark_compile.errors import InputError, RunnerBusyError
+from dspark_compile.errors import ConfigError, InputError, RunnerBusyError
 from dspark_compile.model import Drafter
 from dspark_compile.runtime.capture import bind, byte_views, copy_into, packed
+from dspark_compile.runtime.schedule import StepsPerSecond, verify_lengths
 
 
 class Runner:
@@ -39,6 +40,10 @@ class Runner:
     A round whose features do not have k+1 rows (a prompt) is first appended eagerly
     (prefill), then the bound step runs with no new rows.
 
+    ``schedule(sps)`` adds the verify lengths to every round (``DraftOutput.lengths``):
+    Algorithm 1 over the round's confidences and the target's steps per second, inside the
+    same graph and download.
+
     Threading: a runner is not thread-safe. A call made while another thread is inside
     the same runner raises :class:`RunnerBusyError` instead of waiting or corrupting state;
     use one runner per thread, or serialise the calls.
@@ -57,30 +62,65 @@ class Runner:
         self._rows: dict[int, int] = {}  # slot -> cache row; rows 0..len-1 are taken
         self._next_slot = 0
         self._busy = threading.Lock()
-        pinned = device.type == "cuda"
-        pool = torch.cuda.graph_pool_handle() if capture else None  # buckets share memory
+        self._steps, self._capture = steps, capture
         self._inputs: dict[int, tuple[Tensor, ...]] = {}
         self._input_bytes: dict[int, list[Tensor]] = {}
+        # per bucket, for schedule(): the rows in the round, and SPS by tokens in a step
+        self._live = {b: torch.zeros(b, dtype=torch.bool, device=device) for b in self.buckets}
+        self._rates = {b: torch.zeros(b * (self.lane.k + 1) + 1, dtype=torch.float64,
+                                      device=device) for b in self.buckets}
+        self.scheduled = False
         self._calls: dict[int, Callable[[], tuple[Tensor, ...]]] = {}
-        # per bucket: one pinned byte buffer, and the ids, confidences and rules kept in it
-        self._host: dict[int, tuple[Tensor, Tensor, Tensor, Tensor]] = {}
+        # per bucket: one pinned byte buffer, and the ids, confidences, rules kept and
+        # lengths (when scheduled) in it
+        self._host: dict[int, tuple[Tensor, ...]] = {}
         self._defaults: dict[int, tuple[Tensor, Tensor]] = {}  # requests -> (T, seed) zeros
-        with torch.no_grad():
-            for bucket in self.buckets:
-                self._inputs[bucket] = self._inert(bucket)
-                self._input_bytes[bucket] = byte_views(self._inputs[bucket])
-                args = (self.cache.k[:bucket], self.cache.v[:bucket], *self._inputs[bucket])
-                # ids, confidences and the rules kept come back in one download
-                self._calls[bucket] = bind(packed(steps[bucket], 3), args, capture, pool)
-                self._host[bucket] = self._downloads(bucket, pinned)
+        for bucket in self.buckets:
+            self._inputs[bucket] = self._inert(bucket)
+            self._input_bytes[bucket] = byte_views(self._inputs[bucket])
+        self._bind()
 
-    def _downloads(self, bucket: int, pinned: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    @torch.no_grad()
+    def _bind(self) -> None:
+        """Each bucket's call on its buffers: the step, and Algorithm 1 after it when
+        scheduled; ids, confidences, the rules kept (and lengths) come back in one
+        download."""
+        pool = torch.cuda.graph_pool_handle() if self._capture else None  # buckets share it
+        for bucket in self.buckets:
+            args = (self.cache.k[:bucket], self.cache.v[:bucket], *self._inputs[bucket])
+            step = self._steps[bucket]
+            if self.scheduled:
+                step, args = _with_lengths(step), (*args, self._live[bucket],
+                                                   self._rates[bucket])
+            self._calls[bucket] = bind(packed(step, 3 + self.scheduled), args,
+                                       self._capture, pool)
+            self._host[bucket] = self._downloads(bucket, self.device.type == "cuda")
+
+    def schedule(self, sps: Optional[StepsPerSecond]) -> None:
+        """From now on each round also returns its verify lengths (``DraftOutput.lengths``,
+        0 .. k per request): :func:`~dspark_compile.runtime.schedule.verify_lengths`
+        over the round's confidences and ``sps``, the target's verify steps per second by
+        tokens in a step, in the round's own graph. None: no lengths again."""
+        if sps is not None and not self.lane.confidence_head:
+            raise ConfigError("schedule: the drafter has no confidence head to schedule by")
+        with self._exclusive():
+            if sps is not None:
+                for bucket, rates in self._rates.items():
+                    rates.copy_(sps.table(len(rates) - 1, self.device))
+            if self.scheduled != (sps is not None):
+                self.scheduled = sps is not None
+                self._bind()
+
+    def _downloads(self, bucket: int, pinned: bool) -> tuple[Tensor, ...]:
         k = self.lane.k
-        sizes = (bucket * k * 8, bucket * k * 4, len(RULES))  # int64, float32, bool
+        # int64 ids (and lengths), float32 confidences, bool rules: each at an offset that
+        # its dtype divides
+        sizes = (bucket * k * 8, *(bucket * 8,) * self.scheduled, bucket * k * 4, len(RULES))
         host = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=pinned)
-        ids, confidences, kept = host.split(sizes)
+        ids, *lengths, confidences, kept = host.split(sizes)
         return (host, ids.view(torch.long).view(bucket, k),
-                confidences.view(torch.float32).view(bucket, k), kept.view(torch.bool))
+                confidences.view(torch.float32).view(bucket, k), kept.view(torch.bool),
+                *(t.view(torch.long) for t in lengths))
 
     def _inert(self, bucket: int) -> tuple[Tensor, ...]:
         lane, device = self.lane, self.device
@@ -164,10 +204,15 @@ class Runner:
         with self._exclusive():
             rows = self._check(inputs, slots)
             inputs = self._with_defaults(inputs)
-            if rows == list(range(self.bucket(len(self._rows)))):
+            bucket = self.bucket(len(self._rows))
+            if rows == list(range(bucket)):
                 # the whole bucket in row order: nothing to lay out or pick
+                if self.scheduled:
+                    self._live[bucket].fill_(True)
                 return self._run(inputs, inputs, None)
-            full, _ = self.layout(inputs, slots)
+            full, placed = self.layout(inputs, slots)
+            if self.scheduled:
+                self._live[bucket].zero_().index_fill_(0, placed, True)
             return self._run(full, inputs, torch.tensor(rows))
 
     @torch.no_grad()
@@ -231,7 +276,7 @@ class Runner:
             tensors = (static[0], torch.zeros_like(full.num_new), *tensors[2:])
         copy_into(static, tensors, self._input_bytes[bucket])
         outputs = self._calls[bucket]()
-        host, ids, confidences, kept = self._host[bucket]
+        host, ids, confidences, kept, *lengths = self._host[bucket]
         host.copy_(outputs[0], non_blocking=True)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
@@ -239,11 +284,23 @@ class Runner:
         probs = outputs[1] if len(outputs) > 1 else None
         if not self.lane.confidence_head:  # the drafter has none: the step's NaNs stay
             confidences = None
+        lengths = lengths[0] if lengths else None
         if rows is None:  # copies: the buffers are the next round's
-            return DraftOutput(ids.clone(), _copy(confidences), _copy(probs))
+            return DraftOutput(ids.clone(), _copy(confidences), _copy(probs), _copy(lengths))
         return DraftOutput(ids[rows], None if confidences is None else confidences[rows],
-                           None if probs is None else probs[rows.to(probs.device)])
+                           None if probs is None else probs[rows.to(probs.device)],
+                           None if lengths is None else lengths[rows])
 
 
 def _copy(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.clone()
+
+
+def _with_lengths(step: Callable) -> Callable:
+    """``step`` taking two buffers more (the rows in the round, SPS by tokens) and returning
+    the verify lengths after the ids."""
+    def run(*args: Tensor) -> tuple[Tensor, ...]:
+        *inputs, live, rates = args
+        ids, confidences, rules, *rest = step(*inputs)
+        return (ids, verify_lengths(confidences, rates, live), confidences, rules, *rest)
+    return run

@@ -99,29 +99,39 @@ Schedule = Callable[[Tensor], Tensor]  # confidences [R, k] on the host -> verif
 
 @torch.no_grad()
 def decode(target: Target, runner: Runner, requests: Sequence[Request],
-           temperature: float = 0.0, schedule: Optional[Schedule] = None) -> Decoded:
+           temperature: float = 0.0, schedule: Optional[Schedule] = None, lag: int = 0
+           ) -> Decoded:
     """Every request's ``max_new_tokens`` new tokens, ``target.rows`` requests at a time.
-    ``schedule`` (for example :func:`~dspark_compile.speculative.schedule.verify_lengths`
-    with the target's SPS) picks how many of each round's drafts are verified from their
-    confidences; without it every draft is."""
+
+    How many of each round's drafts are verified: the lengths a scheduled runner returns
+    (:meth:`~dspark_compile.runtime.Runner.schedule`), else ``schedule``'s of the round's
+    confidences (for example a fixed length, or
+    :func:`~dspark_compile.runtime.schedule.verify_lengths` on the host), else every
+    draft. ``lag``: ``schedule`` reads each request's confidences of that many rounds
+    before (DSpark's production variant schedules from confidences two rounds old, which
+    an engine has before the round's draft is done); a request with no round that old
+    verifies every draft."""
     if temperature > 0 and not runner.manifest["with_probs"]:
         raise ConfigError("temperature: sampled verification needs the draft distribution; "
                           "build the artifact with with_probs=True")
     if schedule is not None and not runner.lane.confidence_head:
         raise ConfigError("schedule: the drafter has no confidence head to schedule by")
+    if lag < 0 or (lag and (schedule is None or runner.scheduled)):
+        raise ConfigError(f"lag={lag}: expected 0, or more with a host schedule (and a "
+                          "runner that does not schedule)")
     for i, request in enumerate(requests):
         if not request.prompt or request.max_new_tokens < 1:
             raise InputError(f"requests[{i}]", f"a prompt of {len(request.prompt)} tokens "
                              f"and max_new_tokens={request.max_new_tokens}",
                              "a prompt of at least one token and max_new_tokens >= 1")
-    return _Loop(target, runner, requests, temperature, schedule).run()
+    return _Loop(target, runner, requests, temperature, schedule, lag).run()
 
 
 class _Loop:
     def __init__(self, target: Target, runner: Runner, requests: Sequence[Request],
-                 temperature: float, schedule: Optional[Schedule]):
+                 temperature: float, schedule: Optional[Schedule], lag: int):
         self.target, self.runner, self.requests = target, runner, requests
-        self.schedule = schedule
+        self.schedule, self.lag = schedule, lag
         self.temperature, self.k, self.device = temperature, runner.lane.k, runner.device
         self.dtype = runner.lane.torch_dtype
         rows, device = target.rows, runner.device
@@ -202,13 +212,16 @@ class _Loop:
     def verify(self, live: list[int], going: list[int], out: DraftOutput) -> tuple:
         """The target's pass over every row, the live rows' drafts checked; the rows that go
         on move to their next round. Returns what the next round reads. With a schedule
-        the pass is as wide as the longest verify length needs (the confidences, and so the
-        lengths, are on the host already: no synchronisation)."""
+        the pass is as wide as the longest verify length needs (the lengths are on the host
+        already: no synchronisation)."""
         rows, width = self.target.rows, self.k
         lengths = None
-        if self.schedule is not None:
-            scheduled = self.schedule(out.confidences[going])
-            width, lengths = int(scheduled.max()), scheduled.to(self.device)
+        if out.lengths is not None:
+            lengths = out.lengths[going]
+        elif self.schedule is not None:
+            lengths = self.scheduled([live[i] for i in going], out.confidences[going])
+        if lengths is not None:
+            width, lengths = int(lengths.max()), lengths.to(self.device)
         index = torch.tensor([live[i] for i in going], device=self.device)
         picked = torch.tensor(going, device=self.device)
         drafted = torch.zeros(rows, width, dtype=torch.long, device=self.device)
@@ -233,6 +246,17 @@ class _Loop:
         verified = lengths if lengths is not None else torch.full_like(accepted, self.k)
         return [live[i] for i in going], [self.serving[live[i]] for i in going], accepted, \
             emitted, confidences, verified
+
+    def scheduled(self, rows: list[int], confidences: Tensor) -> Tensor:
+        """The host schedule's lengths for ``rows``, from this round's confidences or, with a
+        lag, each request's of ``lag`` rounds before (every draft where it has none)."""
+        if not self.lag:
+            return self.schedule(confidences)
+        history = [self.completions[self.serving[row]].confidences for row in rows]
+        old = [h[-self.lag] if len(h) >= self.lag else [1.0] * self.k for h in history]
+        lengths = self.schedule(torch.tensor(old, dtype=confidences.dtype))
+        fresh = torch.tensor([len(h) < self.lag for h in history])
+        return lengths.masked_fill(fresh, self.k)
 
     def take(self, pending: tuple) -> list[int]:
         """The previous round's verified tokens into their requests (those not yet done);

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -23,27 +22,29 @@ from data import DATA, load
 from dspark_compile import lane_config, load_checkpoint, load_runner
 from dspark_compile.compile import build_artifact
 from dspark_compile.speculative import Request, decode
-from dspark_compile.speculative.schedule import (fit_position_temperatures,
-                                                 profile_steps_per_second, survival_errors,
-                                                 verify_lengths)
+from dspark_compile.runtime.schedule import (PositionTemperatures, StepsPerSecond,
+                                             fit_position_temperatures,
+                                             profile_steps_per_second, survival_errors,
+                                             verify_lengths)
 from alone import cache_slots, sync, target_alone, target_alone_refilled
 from llama import LlamaTarget
 from target import LANE, load_target
 
 
 def speculative(model, runner, prompts, new_tokens: list[int], temperature: float,
-                graphs: bool, slots: int, device, schedule=None, rows: Optional[int] = None
-                ) -> dict:
+                graphs: bool, slots: int, device, schedule=None, rows: Optional[int] = None,
+                lag: int = 0) -> dict:
     """The package's draft -> verify loop with the target in ``rows`` rows (default: as many
-    as prompts): the tokens, the accepted drafts and the confidences per round, the seconds
-    in all, and those of the draft and the verification on the device's stream."""
+    as prompts), request ``i`` seeded ``i``: the tokens, the accepted and verified drafts and
+    the confidences per round, the seconds in all, and those of the draft and the
+    verification on the device's stream."""
     lane = runner.lane
     target = LlamaTarget(model, rows or len(prompts), slots, lane.target_layer_ids, lane.k + 1,
                          graphs)
     sync()
-    run = decode(target, runner, [Request(p, n, seed=row) for row, (p, n)
+    run = decode(target, runner, [Request(p, n, seed=i) for i, (p, n)
                                   in enumerate(zip(prompts, new_tokens))], temperature,
-                 schedule)
+                 schedule, lag)
     done = run.completions
     return dict(tokens=[c.tokens for c in done],
                 accepted=[a for c in done for a in c.accepted],
@@ -65,55 +66,74 @@ def summary(k: int, accepted: list[int], confidences: list[list[float]]) -> dict
                                        / max(1, sum(reached[i])) for i in range(k)])
 
 
-def measure(model, runner, held_out: list[list[int]], lengths: list[int], batch: int,
-            temperature: float, graphs: bool, device, schedule=None, refill: bool = False
-            ) -> dict:
-    """Both arms over the held-out prompts, ``batch`` at a time (in groups that run until
-    their longest request ends, or with ``refill`` through ``batch`` rows that take the next
-    prompt as one ends): seconds, the rounds' accepted and verified drafts and confidences,
-    greedy identity and where outputs part."""
-    k, taps = runner.lane.k, runner.lane.target_layer_ids
-    run = dict(generated=0, base_s=0.0, spec_s=0.0, draft_s=0.0, verify_s=0.0, accepted=[],
-               verified=[], confidences=[], same=0, compared=0, diverged=[])
-    size = len(held_out) if refill else batch
-    for first in range(0, len(held_out) - size + 1, size):
-        group, wanted = held_out[first:first + size], lengths[first:first + size]
-        slots = cache_slots(group, max(wanted), k)
+def groups(count: int, batch: int, refill: bool) -> list[slice]:
+    """The requests each run takes: all through ``batch`` refilled rows, or groups of
+    ``batch`` that each run until their longest request ends."""
+    return [slice(0, count)] if refill else [slice(i, i + batch)
+                                             for i in range(0, count - batch + 1, batch)]
+
+
+def baseline(model, prompts, wanted: list[int], batch: int, temperature: float, graphs: bool,
+             taps, slots: int, device, refill: bool = False) -> tuple[list[list[int]], float]:
+    """The target alone over the requests, ``batch`` at a time: its tokens, its seconds."""
+    tokens, seconds = [], 0.0
+    for group in groups(len(prompts), batch, refill):
         if refill:
-            alone, seconds = target_alone_refilled(model, group, wanted, temperature, graphs,
-                                                   taps, slots, device, batch)
+            made, took = target_alone_refilled(model, prompts[group], wanted[group],
+                                               temperature, graphs, taps, slots, device, batch)
         else:
-            alone, _, seconds = target_alone(model, group, wanted, temperature, graphs, taps,
-                                             slots, device)
-        spec = speculative(model, runner, group, wanted, temperature, graphs, slots, device,
-                           schedule, rows=batch)
-        run["generated"] += sum(wanted)
-        run["base_s"] += seconds
+            made, _, took = target_alone(model, prompts[group], wanted[group], temperature,
+                                         graphs, taps, slots, device)
+        tokens, seconds = tokens + made, seconds + took
+    return tokens, seconds
+
+
+def measure(model, runner, prompts, wanted: list[int], batch: int, temperature: float,
+            graphs: bool, device, alone: tuple[list[list[int]], float], schedule=None,
+            refill: bool = False, lag: int = 0) -> dict:
+    """The speculative arm over the requests, as :func:`baseline` ran them (``alone``, its
+    result): seconds, the rounds' accepted and verified drafts and confidences, greedy
+    identity and where outputs part."""
+    k, taps = runner.lane.k, runner.lane.target_layer_ids
+    slots = cache_slots(prompts, max(wanted), k)
+    run = dict(generated=sum(wanted), base_s=alone[1], spec_s=0.0, draft_s=0.0, verify_s=0.0,
+               accepted=[], verified=[], confidences=[], tokens=[])
+    for group in groups(len(prompts), batch, refill):
+        spec = speculative(model, runner, prompts[group], wanted[group], temperature, graphs,
+                           slots, device, schedule, batch, lag)
         for key in ("spec_s", "draft_s", "verify_s"):
             run[key] += spec[key]
-        for key in ("accepted", "verified", "confidences"):
+        for key in ("accepted", "verified", "confidences", "tokens"):
             run[key] += spec[key]
-        run["same"] += sum(a == b for a, b in zip(alone, spec["tokens"]))
-        # where greedy outputs part: the target's own margin there (a pass of k+1 tokens
-        # rounds its logits otherwise than a pass of one), from a run of its own, untimed
-        parted = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-                  for a, b in zip(alone, spec["tokens"])]
-        if temperature == 0 and any(i is not None for i in parted):
-            _, gaps, _ = target_alone(model, group, wanted, temperature, graphs, taps, slots,
-                                      device, True)
-            run["diverged"] += [dict(request=first + r, position=i, gap=gaps[r][i])
-                                for r, i in enumerate(parted) if i is not None]
-        run["compared"] += len(group)
+    run["compared"] = len(run["tokens"])
+    run["same"] = sum(a == b for a, b in zip(alone[0], run["tokens"]))
+    # where greedy outputs part: the target's own margin there (a pass of k+1 tokens rounds
+    # its logits otherwise than a pass of one), from a run of its own, untimed
+    run["diverged"] = []
+    for request, (a, b) in enumerate(zip(alone[0], run.pop("tokens"))):
+        parted = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if temperature == 0 and parted is not None:
+            _, gaps, _ = target_alone(model, [prompts[request]], [wanted[request]], 0.0,
+                                      graphs, taps, slots, device, True)
+            run["diverged"].append(dict(request=request, position=parted, gap=gaps[0][parted]))
     return run
 
 
-def scheduler(model, run: dict, batch: int, graphs: bool, k: int, taps, slots: int, device):
-    """Algorithm 1 over the target's SPS, profiled at every verify width of ``batch`` rows,
-    on confidences calibrated by STS fitted on the first half of ``run``'s rounds; with the
-    calibration error per position on the other half before and after STS."""
+def calibration(run: dict) -> tuple[PositionTemperatures, dict]:
+    """STS fitted on the first half of ``run``'s rounds; the calibration error per position
+    on the other half before and after it."""
     confidences, accepted = torch.tensor(run["confidences"]), torch.tensor(run["accepted"])
     half = len(accepted) // 2
     sts = fit_position_temperatures(confidences[:half], accepted[:half])
+    return sts, dict(sts=sts.temperatures,
+                     calibration_error=survival_errors(confidences[half:], accepted[half:]),
+                     calibration_error_sts=survival_errors(sts(confidences[half:]),
+                                                           accepted[half:]))
+
+
+def steps_per_second(model, batch: int, graphs: bool, k: int, taps, slots: int, device
+                     ) -> StepsPerSecond:
+    """The target's SPS, profiled at every verify width of ``batch`` rows."""
     target = LlamaTarget(model, batch, slots, taps, k + 1, graphs)
     start = torch.zeros(batch, dtype=torch.long, device=device)
 
@@ -121,12 +141,7 @@ def scheduler(model, run: dict, batch: int, graphs: bool, k: int, taps, slots: i
         target.verify(torch.zeros(batch, tokens // batch, dtype=torch.long, device=device),
                       start)
         sync()
-    sps = profile_steps_per_second(verify_step, [batch * n for n in range(1, k + 2)])
-    fitted = dict(sts=sts.temperatures, sps=dict(zip(sps.tokens, sps.steps_per_second)),
-                  calibration_error=survival_errors(confidences[half:], accepted[half:]),
-                  calibration_error_sts=survival_errors(sts(confidences[half:]),
-                                                        accepted[half:]))
-    return (lambda c: verify_lengths(sts(c), sps)), fitted
+    return profile_steps_per_second(verify_step, [batch * n for n in range(1, k + 2)])
 
 
 def fixed_length(length: int, confidences: Tensor) -> Tensor:
@@ -168,7 +183,9 @@ def main() -> None:
     parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
     parser.add_argument("--targets", nargs="+", default=["eager", "graph"],
                         choices=["eager", "graph"], help="the target eager, captured, or both")
-    parser.add_argument("--prompts", type=int, default=16, help="held-out prompts per run")
+    parser.add_argument("--prompts", type=int, default=16,
+                        help="requests per run (held-out prompts, again with other seeds "
+                             "past the 32); with --refill at least twice the batch")
     parser.add_argument("--new-tokens", type=int, default=256, help="the most a prompt gets")
     parser.add_argument("--to-end-of-answer", action=argparse.BooleanOptionalAction,
                         default=True, help="each prompt as many tokens as its held-out greedy "
@@ -181,8 +198,11 @@ def main() -> None:
     parser.add_argument("--fixed-lengths", type=int, nargs="*", default=[],
                         help="also verify this many drafts a round, each (e.g. 1 2 3)")
     parser.add_argument("--schedule", action="store_true",
-                        help="also verify per request the drafts Algorithm 1 picks, from "
-                             "STS-calibrated confidences and the target's profiled SPS")
+                        help="STS fitted on a run of the drafter first (eager backend, the "
+                             "first batch, every draft) and built into the artifacts; then "
+                             "also per request the drafts Algorithm 1 picks over the target's "
+                             "profiled SPS, in the runner's graph, and (5.2) from each "
+                             "request's confidences of two rounds before, on the host")
     parser.add_argument("--blas", default="cublaslt", choices=["cublas", "cublaslt"],
                         help="the GEMM library on CUDA, both arms: cuBLASLt takes an fp32 "
                              "pass of 8 tokens in 5.4 ms where cuBLAS takes 8.2 (passes.py)")
@@ -193,34 +213,58 @@ def main() -> None:
     graphs_options = [g == "graph" for g in args.targets if device.type == "cuda" or g == "eager"]
     model = load_target(args.target, device)
     sequences, prompt_lengths = load(args.data).select(held_out=True, modes=("greedy",))
-    held_out = [t[:n].tolist() for t, n in zip(sequences, prompt_lengths)][:args.prompts]
-    lengths = [min(args.new_tokens, len(t) - n) if args.to_end_of_answer else args.new_tokens
-               for t, n in zip(sequences, prompt_lengths)][:args.prompts]
+    prompts = [t[:n].tolist() for t, n in zip(sequences, prompt_lengths)]
+    answers = [min(args.new_tokens, len(t) - n) if args.to_end_of_answer else args.new_tokens
+               for t, n in zip(sequences, prompt_lengths)]
     drafter = load_checkpoint(args.drafter, lane_config(LANE), device, verifier=args.target)
     taps, k = drafter.lane.target_layer_ids, drafter.lane.k
-    rows = []
+    scheduling = args.schedule and drafter.lane.confidence_head
+    rows, calibrations = [], {}
+
+    def requests(batch: int) -> tuple[list[list[int]], list[int]]:
+        count = max(args.prompts, 2 * batch) if args.refill else args.prompts
+        return ([prompts[i % len(prompts)] for i in range(count)],
+                [answers[i % len(prompts)] for i in range(count)])
     for temperature in args.temperatures:
+        drafter.calibrate(None)
+        if scheduling:  # STS from a run of the drafter as it is (eager: no compile)
+            path, _ = build_artifact(drafter, "eager", args.batches[:1], args.artifacts_dir,
+                                     with_probs=temperature > 0)
+            chosen, wanted = requests(args.batches[0])
+            record = speculative(model, load_runner(path, device), chosen, wanted, temperature,
+                                 graphs_options[-1], cache_slots(chosen, max(wanted), k),
+                                 device, rows=args.batches[0])
+            sts, calibrations[temperature] = calibration(record)
+            drafter.calibrate(sts.temperatures)
+            print(json.dumps(dict(temperature=temperature, **calibrations[temperature])),
+                  flush=True)
         for backend in args.backends:
             path, _ = build_artifact(drafter, backend, args.batches, args.artifacts_dir,
                                      with_probs=temperature > 0)
             runner = load_runner(path, device)
             for batch in args.batches:
+                chosen, wanted = requests(batch)
+                slots = cache_slots(chosen, max(wanted), k)
                 for graphs in graphs_options:
-                    def arm(schedule, name: str) -> tuple[dict, dict]:
-                        run = measure(model, runner, held_out, lengths, batch, temperature,
-                                      graphs, device, schedule, args.refill)
+                    alone = baseline(model, chosen, wanted, batch, temperature, graphs, taps,
+                                     slots, device, args.refill)
+
+                    def arm(name: str, schedule=None, lag: int = 0) -> dict:
+                        run = measure(model, runner, chosen, wanted, batch, temperature,
+                                      graphs, device, alone, schedule, args.refill, lag)
                         row = report(run, args, backend, batch, temperature, graphs, k, name)
                         rows.append(row)
-                        return run, row
-                    every, every_row = arm(None, "every draft")
+                        return row
+                    arm("every draft").update(calibrations.get(temperature, {}))
                     for fixed in args.fixed_lengths:
-                        arm(functools.partial(fixed_length, fixed), f"{fixed} drafts")
-                    if args.schedule and drafter.lane.confidence_head:
-                        schedule, fitted = scheduler(
-                            model, every, batch, graphs, k, taps,
-                            cache_slots(held_out, args.new_tokens, k), device)
-                        every_row.update(fitted)
-                        arm(schedule, "algorithm 1 with STS")
+                        arm(f"{fixed} drafts", functools.partial(fixed_length, fixed))
+                    if scheduling:
+                        sps = steps_per_second(model, batch, graphs, k, taps, slots, device)
+                        runner.schedule(sps)
+                        arm("algorithm 1")["sps"] = dict(zip(sps.tokens, sps.steps_per_second))
+                        runner.schedule(None)
+                        arm("algorithm 1, confidences two rounds old",
+                            lambda c: verify_lengths(c, sps), lag=2)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(dict(rows=rows, lane=drafter.lane.to_dict()), indent=2))
     print(args.out)

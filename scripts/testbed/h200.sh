@@ -8,7 +8,8 @@
 #   bash scripts/testbed/h200.sh data             # optional: the data again (else the committed)
 #   bash scripts/testbed/h200.sh train            # the drafter (returned in pieces), its curve
 #   bash scripts/testbed/h200.sh e2e              # statistics, then through the runtime
-#                                                 # (carry testbed/drafter to skip train)
+#                                                 # (carry testbed/drafter to skip train;
+#                                                 # E2E_ARGS, TAG, SKIP_EVALUATE=1)
 # Logs and results go to $OUT.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -55,8 +56,10 @@ case ${1:?receive, convert, data, train or e2e} in
   e2e)  # the drafter of the last `train` call, else a carried testbed/drafter
     [ -d "$work/drafter" ] || cp -r "$root/testbed/drafter" "$work/drafter"
     committed_data
-    python3 scripts/testbed/evaluate.py --target "$work/target" --drafter "$work/drafter" \
-      --data "$work/data.safetensors" --out "$OUT/statistics.json" 2>&1 | tee "$OUT/evaluate.log"
+    if [ -z "${SKIP_EVALUATE:-}" ]; then  # the drafter's statistics, once per drafter
+      python3 scripts/testbed/evaluate.py --target "$work/target" --drafter "$work/drafter" \
+        --data "$work/data.safetensors" --out "$OUT/statistics.json" 2>&1 | tee "$OUT/evaluate.log"
+    fi
     python3 scripts/testbed/e2e.py --target "$work/target" --drafter "$work/drafter" \
       --data "$work/data.safetensors" --artifacts-dir "$work/artifacts" \
       --out "$OUT/e2e${TAG:-}.json" ${E2E_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/e2e${TAG:-}.log"

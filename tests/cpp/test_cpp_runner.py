@@ -15,12 +15,13 @@ import pytest
 import torch
 import torch.utils
 from safetensors import safe_open
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from dspark_compile.compile.store import ARTIFACT_WEIGHTS, MANIFEST
 from dspark_compile.draft.checks import RULES
 from dspark_compile.errors import ArtifactError, InputError
 from dspark_compile.runtime import load_runner
+from dspark_compile.runtime.schedule import StepsPerSecond
 from dspark_compile.tools.verify import plan, record_rounds, save_rounds, verify_artifact
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,6 +111,12 @@ def test_the_cpp_runner_drafts_the_python_runners_bits_and_passes_the_replay(
     # prompts of 12-24 rows, through the compiled prefill; T = 1: the odd rows sample, the
     # even rows draft greedily
     record_rounds(artifact, rounds, device.type, ROUNDS, seed=SEED, temperature=1.0)
+    # and scheduled: Algorithm 1's lengths, by a step that costs 3 + 0.7 per token
+    with safe_open(str(rounds), framework="pt") as f:
+        recorded, metadata = {n: f.get_tensor(n) for n in f.keys()}, f.metadata()
+    sps = StepsPerSecond((1, 40), (1 / 3.7, 1 / 31.0))
+    recorded["steps_per_second"] = sps.table(3 * 6)  # bucket 3, k + 1 = 6
+    save_file(recorded, str(rounds), metadata=metadata)
     result = draft_in_cpp(draft_cpp, artifact, rounds, outputs)
     assert result.returncode == 0, result.stderr
 
@@ -119,6 +126,8 @@ def test_the_cpp_runner_drafts_the_python_runners_bits_and_passes_the_replay(
 
     drafted = load_file(outputs)
     runner = load_runner(artifact, device)
+    runner.schedule(sps)
+    lengths = set()
     for bucket, batch, inputs in plan(runner.lane, runner.buckets, ROUNDS, 24, SEED, 1.0,
                                       device.type):
         slots = [runner.admit() for _ in range(batch)]
@@ -126,6 +135,9 @@ def test_the_cpp_runner_drafts_the_python_runners_bits_and_passes_the_replay(
             out = runner.draft(round_inputs, slots)
             assert torch.equal(out.ids, drafted[f"b{bucket}.r{index}.ids"]), index
             assert torch.equal(out.confidences, drafted[f"b{bucket}.r{index}.confidences"]), index
+            assert torch.equal(out.lengths, drafted[f"b{bucket}.r{index}.lengths"]), index
+            lengths.update(out.lengths.tolist())
+    assert len(lengths) > 1  # the schedule verifies more of some rows than of others
 
 
 def test_the_check_script_follows_this_torch_and_writes_only_its_out(draft_cpp, built_artifact,

@@ -15,15 +15,15 @@ transformers = pytest.importorskip("transformers", reason="the dev extra has tra
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "testbed"))
 from blocks import context, target_pass, teacher_forced  # noqa: E402
 from data import generate  # noqa: E402
-from alone import target_alone_refilled  # noqa: E402
-from e2e import (cache_slots, fixed_length, measure, scheduler, speculative,  # noqa: E402
-                 target_alone)
+from e2e import (baseline, cache_slots, calibration, fixed_length, measure,  # noqa: E402
+                 speculative, steps_per_second, target_alone)
 from evaluate import held_out_blocks, statistics, validate  # noqa: E402
 from llama import LlamaTarget  # noqa: E402
 from train import train  # noqa: E402
 
 from dspark_compile import lane_config, load_checkpoint, load_runner, save_checkpoint  # noqa: E402
 from dspark_compile.compile import build_artifact  # noqa: E402
+from dspark_compile.runtime.schedule import verify_lengths  # noqa: E402
 from dspark_compile.speculative import Request, decode  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -92,21 +92,32 @@ def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
     best = logits[len(requests[0]) - 1:-1].topk(2).values
     assert margins[0] == pytest.approx((best[:, 0] - best[:, 1]).tolist(), abs=1e-4)
     assert sum(run["accepted"]) > 0  # the trained drafter's tokens were accepted
-    # e2e's scheduled arm: STS from the rounds of a run, SPS profiled, Algorithm 1 on
-    measured = measure(target, runner, requests, wanted, 2, 0.0, False, CPU)
-    schedule, fitted = scheduler(target, measured, 2, False, lane.k, lane.target_layer_ids,
-                                 slots, CPU)
-    assert len(fitted["sts"]) == lane.k and sorted(fitted["sps"]) == [2, 4, 6, 8]
-    scheduled = measure(target, runner, requests, wanted, 2, 0.0, False, CPU, schedule)
+    # e2e's arms: the target alone once, then the loop every draft, with STS fitted on its
+    # rounds, Algorithm 1 in the runner's graph, the lagged host schedule, a fixed length
+    taps = lane.target_layer_ids
+    baseline_run = baseline(target, requests, wanted, 2, 0.0, False, taps, slots, CPU)
+    assert baseline_run[0] == alone
+    measured = measure(target, runner, requests, wanted, 2, 0.0, False, CPU, baseline_run)
+    assert measured["same"] == measured["compared"] == 2
+    _, fitted = calibration(measured)
+    assert len(fitted["sts"]) == lane.k == len(fitted["calibration_error_sts"])
+    sps = steps_per_second(target, 2, False, lane.k, taps, slots, CPU)
+    assert sps.tokens == (2, 4, 6, 8)
+    runner.schedule(sps)
+    scheduled = measure(target, runner, requests, wanted, 2, 0.0, False, CPU, baseline_run)
+    runner.schedule(None)
     assert scheduled["same"] == scheduled["compared"] == 2  # still the target's output
-    one_draft = measure(target, runner, requests, wanted, 2, 0.0, False, CPU,
+    lagged = measure(target, runner, requests, wanted, 2, 0.0, False, CPU, baseline_run,
+                     lambda c: verify_lengths(c, sps), lag=2)
+    assert lagged["same"] == 2 and lagged["verified"][:2] == [lane.k] * 2  # no history yet
+    one_draft = measure(target, runner, requests, wanted, 2, 0.0, False, CPU, baseline_run,
                         functools.partial(fixed_length, 1))
     assert set(one_draft["verified"]) == {1} and one_draft["same"] == 2
     # both arms through one row, the second request taking it when the first ends
-    refilled, _ = target_alone_refilled(target, requests, wanted, 0.0, False,
-                                        lane.target_layer_ids, slots, CPU, 1)
-    assert refilled == alone
-    through_one = measure(target, runner, requests, wanted, 1, 0.0, False, CPU, refill=True)
+    refilled = baseline(target, requests, wanted, 1, 0.0, False, taps, slots, CPU, True)
+    assert refilled[0] == alone
+    through_one = measure(target, runner, requests, wanted, 1, 0.0, False, CPU, refilled,
+                          refill=True)
     assert through_one["same"] == through_one["compared"] == 2
 
     # each request's rounds, teacher-forced on its greedy answer, accept what the runtime's

@@ -12,7 +12,7 @@ from dspark_compile.config import lane_config
 from dspark_compile.errors import ConfigError, InputError
 from dspark_compile.runtime import load_runner
 from dspark_compile.speculative import Request, acceptance, decode, loop
-from dspark_compile.speculative.schedule import StepsPerSecond, verify_lengths
+from dspark_compile.runtime.schedule import StepsPerSecond, verify_lengths
 
 transformers = pytest.importorskip("transformers", reason="the end-to-end tests need "
                                    "transformers: pip install -e '.[dev]'")
@@ -110,23 +110,52 @@ def random_lengths(seed: int):
     return schedule
 
 
-@pytest.mark.parametrize("schedule", ["algorithm 1", "random"])
+@pytest.mark.parametrize("schedule", ["algorithm 1", "in the runner's graph",
+                                      "two rounds old", "random"])
 def test_greedy_decoding_with_scheduled_verify_lengths_is_still_the_targets_output(
         tmp_path, device, schedule):
     target = qwen3_target(512, seed=5, device=device)
     lane = lane_config("tiny")
     runner = runner_for(lane, 0, 2, tmp_path, device)
     sps = StepsPerSecond((1, 12), (1000.0, 250.0))  # a step of 12 tokens costs 4 of one
-    chosen = (lambda c: verify_lengths(c, sps)) if schedule == "algorithm 1" else random_lengths(1)
+    chosen, lag = (lambda c: verify_lengths(c, sps)), 2 if schedule == "two rounds old" else 0
+    if schedule == "random":
+        chosen = random_lengths(1)
+    elif schedule == "in the runner's graph":
+        chosen = None
+        runner.schedule(sps)
     requests = [Request([1, 2, 3], 20), Request(list(range(40, 60)), 13), Request([9, 9], 7)]
     decoded = decode(RecomputingTarget(target, 2, lane.target_layer_ids), runner, requests,
-                     schedule=chosen)
+                     schedule=chosen, lag=lag)
     for request, completion in zip(requests, decoded.completions):
         assert completion.tokens == target_greedy(target, request.prompt,
                                                   request.max_new_tokens)
         assert all(a <= v for a, v in zip(completion.accepted, completion.verified))
+        if lag:  # a request's first rounds have no confidences that old: every draft
+            assert completion.verified[:lag] == [lane.k] * lag
     verified = [v for c in decoded.completions for v in c.verified]
     assert min(verified) < lane.k  # the schedule shortened some rounds
+
+
+def test_a_lagged_schedule_reads_each_requests_confidences_of_that_many_rounds_before(
+        tmp_path, device):
+    target = qwen3_target(512, seed=5, device=device)
+    lane = lane_config("tiny")
+    runner = runner_for(lane, 0, 2, tmp_path, device)
+    seen = []
+
+    def schedule(confidences):
+        seen.append(confidences.clone())
+        return torch.full(confidences.shape[:1], 1)
+    requests = [Request([1, 2, 3], 20), Request(list(range(40, 60)), 13)]
+    decoded = decode(RecomputingTarget(target, 2, lane.target_layer_ids), runner, requests,
+                     schedule=schedule, lag=2)
+    # both requests live in every round until the second ends: round t reads round t-2's
+    both = min(len(c.confidences) for c in decoded.completions)
+    for t in range(2, both):
+        old = torch.tensor([c.confidences[t - 2] for c in decoded.completions])
+        assert torch.equal(seen[t], old)
+    assert decoded.completions[0].verified[2:both] == [1] * (both - 2)
 
 
 def test_a_drafter_that_agrees_with_the_target_gets_every_draft_accepted(tmp_path, device):
@@ -170,7 +199,8 @@ def none_verified(confidences):
 
 # the token this test observes follows a round's first draft: with no draft verified it is
 # the target's own sample, never a correction of the draft
-@pytest.mark.parametrize("schedule", [None, none_verified], ids=["every draft", "none verified"])
+@pytest.mark.parametrize("schedule", [None, none_verified, "algorithm 1"],
+                         ids=["every draft", "none verified", "algorithm 1 in the graph"])
 def test_sampling_follows_the_target_distribution(tmp_path, device, schedule):
     """Over many seeded requests, 8 rows at a time, the second generated token (the first
     the loop's verification emits) follows the target's own distribution at temperature 1,
@@ -182,6 +212,10 @@ def test_sampling_follows_the_target_distribution(tmp_path, device, schedule):
     with torch.no_grad():  # peaked distributions, far from the drafter's and from uniform
         target.lm_head.weight.mul_(8)
     runner = runner_for(lane, 4, 8, tmp_path, device, with_probs=True)
+    scheduled = schedule == "algorithm 1"
+    if scheduled:  # a step of 48 tokens costs 12 of one: lengths 0 .. k
+        runner.schedule(StepsPerSecond((8, 48), (1000.0, 250.0)))
+        schedule = None
     prompt, runs = [1, 5, 2], 1500
     with torch.no_grad():
         p1 = torch.softmax(target(torch.tensor([prompt], device=device)).logits[0, -1], -1)
@@ -195,6 +229,8 @@ def test_sampling_follows_the_target_distribution(tmp_path, device, schedule):
     assert statistic < 24.3  # chi-square, 7 degrees of freedom, 99.9th percentile
     # the drafter is not the target: corrections were exercised
     assert any(c.accepted[0] == 0 for c in decoded.completions)
+    if scheduled:  # rounds of several lengths, none verified among them
+        assert {c.verified[0] for c in decoded.completions} > {0, 1}
 
 
 def test_each_positions_acceptance_is_the_overlap_of_the_two_distributions(

@@ -41,6 +41,7 @@ class BusyError : public std::runtime_error {
 struct DraftOutput {
   at::Tensor ids;          // [R, k] int64, target vocabulary
   at::Tensor confidences;  // [R, k] float32; undefined for a drafter without a confidence head
+  at::Tensor lengths;      // [R] int64 drafts to verify (0 .. k) once scheduled; else undefined
 };
 
 // A loaded artifact with its own KV cache and request slots. Every file's sha256 is checked
@@ -63,6 +64,12 @@ class Runner {
                     const at::Tensor& anchor, const at::Tensor& anchor_pos,
                     const std::optional<at::Tensor>& temperature,
                     const std::optional<at::Tensor>& seed, const std::vector<int64_t>& slots);
+
+  // From now on each round also returns its verify lengths: Algorithm 1 over the round's
+  // confidences and the target's verify steps per second by tokens in a step, float64
+  // [largest bucket * (k+1) + 1] from 0 tokens up (Python: StepsPerSecond.table). nullopt:
+  // no lengths again. The Python runner's schedule(), the same lengths.
+  void schedule(const std::optional<at::Tensor>& steps_per_second);
 
   std::vector<int64_t> slots() const;  // the admitted slots, ascending
   std::vector<int64_t> buckets() const;

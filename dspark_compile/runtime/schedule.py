@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -47,6 +47,11 @@ class StepsPerSecond:
         x0, x1, y0, y1 = xs[right - 1], xs[right], ys[right - 1], ys[right]
         return y0 + (y1 - y0) * (t - x0) / (x1 - x0)
 
+    def table(self, tokens: int, device: torch.device | str = "cpu") -> Tensor:
+        """``SPS`` at 0, 1, .. ``tokens`` tokens ``[tokens + 1]`` (float64): what
+        :func:`verify_lengths` reads, made once where it runs in a captured graph."""
+        return self(torch.arange(tokens + 1, device=device))
+
 
 def profile_steps_per_second(verify_step: Callable[[int], None], tokens: Sequence[int],
                              repeats: int = 20, warmup: int = 3) -> StepsPerSecond:
@@ -66,21 +71,32 @@ def profile_steps_per_second(verify_step: Callable[[int], None], tokens: Sequenc
     return StepsPerSecond(tuple(tokens), tuple(rates))
 
 
-def verify_lengths(confidences: Tensor, sps: StepsPerSecond) -> Tensor:
+def verify_lengths(confidences: Tensor, sps: StepsPerSecond | Tensor,
+                   live: Optional[Tensor] = None) -> Tensor:
     """Algorithm 1: each request's verify length ``[R]`` (0 .. k) for confidences
-    ``[R, k]``. Survivals fall along a row, so admitting them best first (ties in row
+    ``[R, k]``. ``sps``: the table, or :meth:`StepsPerSecond.table` of at least ``R (k+1)``
+    tokens. ``live [R]`` (bool): the rows in the round (the rest are neither counted nor
+    verified). Survivals fall along a row, so admitting them best first (ties in row
     order) admits a prefix of each row."""
     R, k = confidences.shape
-    survival = confidences.double().clamp(0, 1).cumprod(-1).flatten()
+    rates = sps.table(R * (k + 1), confidences.device) if isinstance(sps, StepsPerSecond) \
+        else sps
+    survival = confidences.double().clamp(0, 1).cumprod(-1)
+    requests = R
+    if live is not None:
+        survival = survival * live[:, None]
+        requests = live.sum()
+    survival = survival.flatten()
     order = survival.argsort(descending=True, stable=True)
     gained = torch.cat([survival.new_zeros(1), survival[order].cumsum(0)])
     admitted = torch.arange(R * k + 1, device=confidences.device)
-    value = (R + gained) * sps(R + admitted)
+    value = (requests + gained) * rates[requests + admitted]
     # the admissions before the first that does not raise tau * SPS(B)
     count = (value[1:] > value[:-1]).long().cumprod(0).sum()
     taken = (admitted[:-1] < count).long()
-    return torch.zeros(R, dtype=torch.long, device=confidences.device).scatter_add(
+    lengths = torch.zeros(R, dtype=torch.long, device=confidences.device).scatter_add(
         0, order // k, taken)
+    return lengths if live is None else lengths * live
 
 
 @dataclass(frozen=True)

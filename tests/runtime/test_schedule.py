@@ -8,8 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from dspark_compile.speculative import schedule
-from dspark_compile.speculative.schedule import (StepsPerSecond, fit_position_temperatures,
+from dspark_compile.checkpoint import random_drafter
+from dspark_compile.config import lane_config
+from dspark_compile.draft import KVCache, RoundInputs, draft
+from dspark_compile.errors import ConfigError
+from dspark_compile.runtime import load_runner, schedule
+from dspark_compile.tools.rounds import synthetic_rounds
+from dspark_compile.tools.timing import launches
+from dspark_compile.runtime.schedule import (StepsPerSecond, fit_position_temperatures,
                                                  survival_errors, verify_lengths)
 
 
@@ -92,3 +98,63 @@ def test_position_temperatures_lower_the_calibration_error_on_held_out_rounds():
     after = survival_errors(sts(confidences[held]), accepted[held])
     assert all(a < b for a, b in zip(after, before)), (before, after)
     assert sts.temperatures[0] == pytest.approx(2.5, rel=0.25)
+
+
+def test_a_scheduled_runner_returns_algorithm_1s_lengths_over_its_rounds_rows(
+        built_artifact, device):
+    """The lengths a scheduled round returns are Algorithm 1's over the confidences of the
+    requests in the round only (the bucket's other rows neither counted nor verified),
+    with its rows laid out or in order; one graph replay and one download still."""
+    runner = load_runner(built_artifact("eager", "tiny"), device)
+    sps = affine_sps(3, runner.lane.k)
+    runner.schedule(sps)
+    slots = [runner.admit() for _ in range(3)]
+    rounds = list(synthetic_rounds(runner.lane, 3, 20, 6, 4, device))
+    seen = set()
+    for index, inputs in enumerate(rounds):
+        chosen = [0, 1, 2] if index % 2 else [2, 0]  # in row order, and two of three
+        picked = RoundInputs(*(t[chosen] for t in inputs.tensors()))
+        out = runner.draft(picked, [slots[i] for i in chosen])
+        assert torch.equal(out.lengths, verify_lengths(out.confidences, sps))
+        seen.update(out.lengths.tolist())
+    assert len(seen) > 1  # lengths that differ: a wrong count of requests would show
+    if device.type == "cuda":
+        graphs, _ = launches(lambda: runner.draft(picked, [slots[i] for i in chosen]), device)
+        assert graphs == 1
+    runner.schedule(None)
+    assert runner.draft(picked, [slots[i] for i in chosen]).lengths is None
+
+
+def test_position_temperatures_apply_in_the_built_step_and_key_the_artifact(
+        built_artifact, device):
+    """An artifact of a lane with STS returns each confidence's logit over its position's
+    temperature (recomputed here from the same drafter's own confidences), and is another
+    artifact than the lane's without."""
+    temperatures = [2.0, 0.5, 1.0, 3.0, 0.25]
+    plain = load_runner(built_artifact("eager", "tiny"), device)
+    scaled_path = built_artifact("eager", "tiny", confidence_temperatures=temperatures)
+    scaled = load_runner(scaled_path, device)
+    assert scaled_path != built_artifact("eager", "tiny")
+    assert scaled.lane.confidence_temperatures == temperatures
+    slots = [plain.admit(), plain.admit()], [scaled.admit(), scaled.admit()]
+    for inputs in synthetic_rounds(plain.lane, 2, 20, 3, 5, device):
+        a, b = plain.draft(inputs, slots[0]), scaled.draft(inputs, slots[1])
+        assert torch.equal(a.ids, b.ids)
+        expected = torch.sigmoid(torch.logit(a.confidences.double())
+                                 / torch.tensor(temperatures, dtype=torch.float64))
+        assert torch.allclose(b.confidences.double(), expected, rtol=1e-5, atol=1e-6)
+        assert not torch.allclose(a.confidences, b.confidences)
+
+
+def test_a_drafter_calibrated_in_place_drafts_with_the_temperatures_and_says_so(device):
+    drafter = random_drafter(lane_config("tiny"), device, seed=3)
+    cache = KVCache.allocate(drafter.lane, 2, device, 64)
+    inputs = next(synthetic_rounds(drafter.lane, 2, 20, 1, 0, device))
+    before = draft(drafter, cache.clone(), inputs).confidences
+    drafter.calibrate([4.0] * drafter.lane.k)
+    after = draft(drafter, cache.clone(), inputs).confidences
+    assert drafter.lane.confidence_temperatures == [4.0] * drafter.lane.k
+    assert torch.allclose(after.double(), torch.sigmoid(torch.logit(before.double()) / 4),
+                          rtol=1e-5, atol=1e-6)
+    with pytest.raises(ConfigError, match="confidence_temperatures"):
+        drafter.calibrate([1.0])  # one per draft position
