@@ -75,7 +75,7 @@ class LaneConfig:
     skinny_gemm: Any = "auto"
     confidence_with_markov: bool = True
     # STS: a temperature per draft position on the confidence's logit, applied in the step
-    # (speculative/schedule.py fits them from recorded rounds); null: the head's own
+    # (runtime/schedule.py fits them from recorded rounds); null: the head's own
     confidence_temperatures: Optional[list[float]] = None
     layout: Layout = Layout.anchor_first
     # per layer "full_attention" (all context, the block bidirectional) or
