@@ -47,6 +47,21 @@ class StepsPerSecond:
         x0, x1, y0, y1 = xs[right - 1], xs[right], ys[right - 1], ys[right]
         return y0 + (y1 - y0) * (t - x0) / (x1 - x0)
 
+    def padded(self) -> "StepsPerSecond":
+        """The rates of a target that runs a step of ``B`` tokens as its fastest measured
+        step of at least ``B`` (padding the rest): never slower at more tokens."""
+        best = [max(self.steps_per_second[i:]) for i in range(len(self.tokens))]
+        return StepsPerSecond(self.tokens, tuple(best))
+
+    def with_overhead(self, seconds: float) -> "StepsPerSecond":
+        """The rates of a whole round: each step also spends ``seconds`` outside the
+        target's pass (the draft, the host's work), whatever its tokens. Algorithm 1 over
+        these weighs tokens against the round's time, not the pass's alone."""
+        if seconds < 0:
+            raise ValueError(f"StepsPerSecond: overhead {seconds} s must be >= 0")
+        return StepsPerSecond(self.tokens, tuple(1.0 / (1.0 / rate + seconds)
+                                                 for rate in self.steps_per_second))
+
     def table(self, tokens: int, device: torch.device | str = "cpu") -> Tensor:
         """``SPS`` at 0, 1, .. ``tokens`` tokens ``[tokens + 1]`` (float64): what
         :func:`verify_lengths` reads, made once where it runs in a captured graph."""

@@ -68,6 +68,7 @@ class Decoded:
     seconds: float
     draft_seconds: float  # on the device's stream
     verify_seconds: float
+    passes: int  # the target's verification passes (one a round of the rows)
 
 
 class _Mark:
@@ -172,7 +173,7 @@ class _Loop:
         for completion, request in zip(self.completions, self.requests):
             del completion.tokens[request.max_new_tokens:]
         return Decoded(self.completions, time.perf_counter() - start, span["draft"],
-                       span["verify"])
+                       span["verify"], len(self.marks["verify"]))
 
     def refill(self, rows: list[int]) -> None:
         """The next requests into ``rows``: a fresh slot each, their prompts through the

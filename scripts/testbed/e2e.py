@@ -22,25 +22,24 @@ from data import DATA, load
 from dspark_compile import lane_config, load_checkpoint, load_runner
 from dspark_compile.compile import build_artifact
 from dspark_compile.speculative import Request, decode
-from dspark_compile.runtime.schedule import (PositionTemperatures, StepsPerSecond,
-                                             fit_position_temperatures,
-                                             profile_steps_per_second, survival_errors,
-                                             verify_lengths)
+from dspark_compile.runtime.schedule import verify_lengths
 from alone import cache_slots, sync, target_alone, target_alone_refilled
 from llama import LlamaTarget
+from scheduling import (calibration, fastest_widths, fixed_length, overlaps_recorded,
+                        sampler_check, steps_per_second)
 from target import LANE, load_target
 
 
 def speculative(model, runner, prompts, new_tokens: list[int], temperature: float,
                 graphs: bool, slots: int, device, schedule=None, rows: Optional[int] = None,
-                lag: int = 0) -> dict:
+                lag: int = 0, pad: Optional[dict[int, int]] = None) -> dict:
     """The package's draft -> verify loop with the target in ``rows`` rows (default: as many
-    as prompts), request ``i`` seeded ``i``: the tokens, the accepted and verified drafts and
-    the confidences per round, the seconds in all, and those of the draft and the
-    verification on the device's stream."""
+    as prompts; ``pad``: LlamaTarget's), request ``i`` seeded ``i``: the tokens, the
+    accepted and verified drafts and the confidences per round, the seconds in all, and
+    those of the draft and the verification on the device's stream, and the passes."""
     lane = runner.lane
     target = LlamaTarget(model, rows or len(prompts), slots, lane.target_layer_ids, lane.k + 1,
-                         graphs)
+                         graphs, pad)
     sync()
     run = decode(target, runner, [Request(p, n, seed=i) for i, (p, n)
                                   in enumerate(zip(prompts, new_tokens))], temperature,
@@ -50,7 +49,7 @@ def speculative(model, runner, prompts, new_tokens: list[int], temperature: floa
                 accepted=[a for c in done for a in c.accepted],
                 verified=[v for c in done for v in c.verified],
                 confidences=[x for c in done for x in c.confidences], spec_s=run.seconds,
-                draft_s=run.draft_seconds, verify_s=run.verify_seconds)
+                draft_s=run.draft_seconds, verify_s=run.verify_seconds, passes=run.passes)
 
 
 def summary(k: int, accepted: list[int], confidences: list[list[float]]) -> dict:
@@ -90,18 +89,18 @@ def baseline(model, prompts, wanted: list[int], batch: int, temperature: float, 
 
 def measure(model, runner, prompts, wanted: list[int], batch: int, temperature: float,
             graphs: bool, device, alone: tuple[list[list[int]], float], schedule=None,
-            refill: bool = False, lag: int = 0) -> dict:
+            refill: bool = False, lag: int = 0, pad: Optional[dict[int, int]] = None) -> dict:
     """The speculative arm over the requests, as :func:`baseline` ran them (``alone``, its
     result): seconds, the rounds' accepted and verified drafts and confidences, greedy
     identity and where outputs part."""
     k, taps = runner.lane.k, runner.lane.target_layer_ids
     slots = cache_slots(prompts, max(wanted), k)
     run = dict(generated=sum(wanted), base_s=alone[1], spec_s=0.0, draft_s=0.0, verify_s=0.0,
-               accepted=[], verified=[], confidences=[], tokens=[])
+               passes=0, accepted=[], verified=[], confidences=[], tokens=[])
     for group in groups(len(prompts), batch, refill):
         spec = speculative(model, runner, prompts[group], wanted[group], temperature, graphs,
-                           slots, device, schedule, batch, lag)
-        for key in ("spec_s", "draft_s", "verify_s"):
+                           slots, device, schedule, batch, lag, pad)
+        for key in ("spec_s", "draft_s", "verify_s", "passes"):
             run[key] += spec[key]
         for key in ("accepted", "verified", "confidences", "tokens"):
             run[key] += spec[key]
@@ -119,36 +118,6 @@ def measure(model, runner, prompts, wanted: list[int], batch: int, temperature: 
     return run
 
 
-def calibration(run: dict) -> tuple[PositionTemperatures, dict]:
-    """STS fitted on the first half of ``run``'s rounds; the calibration error per position
-    on the other half before and after it."""
-    confidences, accepted = torch.tensor(run["confidences"]), torch.tensor(run["accepted"])
-    half = len(accepted) // 2
-    sts = fit_position_temperatures(confidences[:half], accepted[:half])
-    return sts, dict(sts=sts.temperatures,
-                     calibration_error=survival_errors(confidences[half:], accepted[half:]),
-                     calibration_error_sts=survival_errors(sts(confidences[half:]),
-                                                           accepted[half:]))
-
-
-def steps_per_second(model, batch: int, graphs: bool, k: int, taps, slots: int, device
-                     ) -> StepsPerSecond:
-    """The target's SPS, profiled at every verify width of ``batch`` rows."""
-    target = LlamaTarget(model, batch, slots, taps, k + 1, graphs)
-    start = torch.zeros(batch, dtype=torch.long, device=device)
-
-    def verify_step(tokens: int) -> None:
-        target.verify(torch.zeros(batch, tokens // batch, dtype=torch.long, device=device),
-                      start)
-        sync()
-    return profile_steps_per_second(verify_step, [batch * n for n in range(1, k + 2)])
-
-
-def fixed_length(length: int, confidences: Tensor) -> Tensor:
-    """A schedule that verifies ``length`` drafts of every request."""
-    return torch.full(confidences.shape[:1], length, dtype=torch.long)
-
-
 def report(run: dict, args, backend: str, batch: int, temperature: float, graphs: bool,
            k: int, schedule: str) -> dict:
     """One row of the results, printed as it is made."""
@@ -162,6 +131,8 @@ def report(run: dict, args, backend: str, batch: int, temperature: float, graphs
                speedup=run["base_s"] / run["spec_s"], draft_share=run["draft_s"] / run["spec_s"],
                verify_share=run["verify_s"] / run["spec_s"],
                verified_per_round=sum(run["verified"]) / max(1, len(run["verified"])),
+               passes=run["passes"], tokens_per_pass=run["generated"] / run["passes"],
+               outside_pass_ms=1e3 * (run["spec_s"] - run["verify_s"]) / run["passes"],
                **summary(k, run["accepted"], run["confidences"]))
     if temperature == 0:
         row["identical_to_target_greedy"] = f"{run['same']}/{run['compared']}"
@@ -199,14 +170,22 @@ def main() -> None:
                         help="also verify this many drafts a round, each (e.g. 1 2 3)")
     parser.add_argument("--schedule", action="store_true",
                         help="STS fitted on a run of the drafter first (eager backend, the "
-                             "first batch, every draft) and built into the artifacts; then "
-                             "also per request the drafts Algorithm 1 picks over the target's "
-                             "profiled SPS, in the runner's graph, and (5.2) from each "
-                             "request's confidences of two rounds before, on the host")
+                             "first batch, every draft) and built into the artifacts (at "
+                             "T > 0 the same run checks the sampler); then also per request "
+                             "the drafts Algorithm 1 picks, in the runner's graph, and (5.2) "
+                             "from each request's confidences of two rounds before, on the "
+                             "host, over the round's rates: the target's profiled SPS, padded, "
+                             "with the every-draft arm's time outside the pass added")
+    parser.add_argument("--pad", action=argparse.BooleanOptionalAction, default=True,
+                        help="the speculative arms' target runs each verify width as the "
+                             "fastest profiled width at least as wide")
     parser.add_argument("--blas", default="cublaslt", choices=["cublas", "cublaslt"],
                         help="the GEMM library on CUDA, both arms: cuBLASLt takes an fp32 "
                              "pass of 8 tokens in 5.4 ms where cuBLAS takes 8.2 (passes.py)")
     args = parser.parse_args()
+    if max(args.batches) > lane_config(LANE).max_batch:
+        parser.error(f"--batches {args.batches}: at most the lane's max_batch, "
+                     f"{lane_config(LANE).max_batch}")
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.backends.cuda.preferred_blas_library(args.blas)
@@ -231,10 +210,15 @@ def main() -> None:
             path, _ = build_artifact(drafter, "eager", args.batches[:1], args.artifacts_dir,
                                      with_probs=temperature > 0)
             chosen, wanted = requests(args.batches[0])
-            record = speculative(model, load_runner(path, device), chosen, wanted, temperature,
-                                 graphs_options[-1], cache_slots(chosen, max(wanted), k),
-                                 device, rows=args.batches[0])
+            checked: list = []
+            with overlaps_recorded(checked):
+                record = speculative(model, load_runner(path, device), chosen, wanted,
+                                     temperature, graphs_options[-1],
+                                     cache_slots(chosen, max(wanted), k), device,
+                                     rows=args.batches[0])
             sts, calibrations[temperature] = calibration(record)
+            if checked:
+                calibrations[temperature]["sampler_check"] = sampler_check(checked)
             drafter.calibrate(sts.temperatures)
             print(json.dumps(dict(temperature=temperature, **calibrations[temperature])),
                   flush=True)
@@ -248,23 +232,29 @@ def main() -> None:
                 for graphs in graphs_options:
                     alone = baseline(model, chosen, wanted, batch, temperature, graphs, taps,
                                      slots, device, args.refill)
+                    sps = steps_per_second(model, batch, graphs, k, taps, slots, device)
+                    pad = fastest_widths(sps, batch) if args.pad else None
 
                     def arm(name: str, schedule=None, lag: int = 0) -> dict:
                         run = measure(model, runner, chosen, wanted, batch, temperature,
-                                      graphs, device, alone, schedule, args.refill, lag)
+                                      graphs, device, alone, schedule, args.refill, lag, pad)
                         row = report(run, args, backend, batch, temperature, graphs, k, name)
-                        rows.append(row)
-                        return row
-                    arm("every draft").update(calibrations.get(temperature, {}))
+                        rows.append(row | dict(pad=pad))
+                        return rows[-1]
+                    every = arm("every draft")
+                    every.update(calibrations.get(temperature, {}))
                     for fixed in args.fixed_lengths:
                         arm(f"{fixed} drafts", functools.partial(fixed_length, fixed))
-                    if scheduling:
-                        sps = steps_per_second(model, batch, graphs, k, taps, slots, device)
-                        runner.schedule(sps)
-                        arm("algorithm 1")["sps"] = dict(zip(sps.tokens, sps.steps_per_second))
+                    if scheduling:  # Algorithm 1 weighs tokens against the whole round
+                        rates = (sps.padded() if args.pad else sps).with_overhead(
+                            every["outside_pass_ms"] / 1e3)
+                        runner.schedule(rates)
+                        arm("algorithm 1")["sps"] = dict(
+                            profiled=dict(zip(sps.tokens, sps.steps_per_second)),
+                            round=dict(zip(rates.tokens, rates.steps_per_second)))
                         runner.schedule(None)
                         arm("algorithm 1, confidences two rounds old",
-                            lambda c: verify_lengths(c, sps), lag=2)
+                            lambda c: verify_lengths(c, rates), lag=2)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(dict(rows=rows, lane=drafter.lane.to_dict()), indent=2))
     print(args.out)

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from blocks import Blocks, context, target_pass, teacher_forced
-from data import DATA, load
+from data import DATA, MODES, load
 from dspark_compile import lane_config, load_checkpoint
 from dspark_compile.model import Drafter
 from target import LANE, load_target
@@ -152,13 +152,17 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--out", type=Path, default=Path("bench_out/testbed_statistics.json"))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--modes", nargs="+", default=["greedy"], choices=MODES,
+                        help="the held-out answers to force: greedy, or those sampled at "
+                             "T = 1 (where the T = 1 estimate reads the contexts a sampled "
+                             "run meets)")
     args = parser.parse_args()
     device = torch.device(args.device)
     target = load_target(args.target, device)
     drafter = load_checkpoint(args.drafter, lane_config(LANE), device, verifier=args.target)
-    sequences, prompt_lengths = load(args.data).select(held_out=True, modes=("greedy",))
+    sequences, prompt_lengths = load(args.data).select(held_out=True, modes=tuple(args.modes))
     blocks = lambda: held_out_blocks(drafter, target, sequences, prompt_lengths, device)  # noqa: E731
-    result = dict(drafter=str(args.drafter), answers=len(sequences),
+    result = dict(drafter=str(args.drafter), modes=args.modes, answers=len(sequences),
                   validation=validate(blocks()), statistics=statistics(blocks()))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

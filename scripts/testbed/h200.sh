@@ -9,7 +9,8 @@
 #   bash scripts/testbed/h200.sh train            # the drafter (returned in pieces), its curve
 #   bash scripts/testbed/h200.sh e2e              # statistics, then through the runtime
 #                                                 # (carry testbed/drafter to skip train;
-#                                                 # E2E_ARGS, TAG, SKIP_EVALUATE=1)
+#                                                 # E2E_ARGS, TAG, SKIP_EVALUATE=1,
+#                                                 # EVALUATE_ARGS)
 # Logs and results go to $OUT.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -58,7 +59,8 @@ case ${1:?receive, convert, data, train or e2e} in
     committed_data
     if [ -z "${SKIP_EVALUATE:-}" ]; then  # the drafter's statistics, once per drafter
       python3 scripts/testbed/evaluate.py --target "$work/target" --drafter "$work/drafter" \
-        --data "$work/data.safetensors" --out "$OUT/statistics.json" 2>&1 | tee "$OUT/evaluate.log"
+        --data "$work/data.safetensors" --out "$OUT/statistics${TAG:-}.json" ${EVALUATE_ARGS:-} \
+        2>&1 | tee "$OUT/evaluate${TAG:-}.log"
     fi
     python3 scripts/testbed/e2e.py --target "$work/target" --drafter "$work/drafter" \
       --data "$work/data.safetensors" --artifacts-dir "$work/artifacts" \

@@ -114,18 +114,23 @@ class LlamaTarget:
     (``dspark_compile.speculative.Target``): prompts through the rows they fill, and
     verification passes of up to ``n`` tokens over every row, each width captured as one
     CUDA graph where ``graphs`` (all before the first pass: none is captured in a timed
-    run)."""
+    run). ``pad``: the width each pass of fewer tokens runs as, where a wider pass is
+    faster (GEMM libraries pick worse kernels at some widths); the tokens past a pass's own
+    are zeros whose outputs are dropped and whose keys later passes mask, then overwrite."""
 
     def __init__(self, model: torch.nn.Module, rows: int, slots: int, taps: list[int],
-                 n: int, graphs: bool):
-        self.llama, self.rows = StaticLlama(model, rows, slots, taps), rows
+                 n: int, graphs: bool, pad: Optional[dict[int, int]] = None):
+        self.llama, self.rows, self.pad = StaticLlama(model, rows, slots, taps), rows, pad or {}
         self.passes = {width: captured(self.llama, rows, width) for width in range(1, n + 1)
                        } if graphs else None
 
     def verify(self, tokens: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
-        if self.passes is None:
-            return self.llama.forward(tokens, start)
-        return self.passes[tokens.shape[1]](tokens, start)
+        n = tokens.shape[1]
+        if self.pad.get(n, n) > n:
+            tokens = F.pad(tokens, (0, self.pad[n] - n))
+        run = self.llama.forward if self.passes is None else self.passes[tokens.shape[1]]
+        logits, features = run(tokens, start)
+        return logits[:, :n], features[:, :n]
 
     def prefill(self, rows: list[int], prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
         return self.llama.prefill(prompts, rows)[:2]

@@ -58,6 +58,39 @@ def test_algorithm_1_stops_at_the_first_step_that_does_not_pay_even_where_a_late
     assert best == 3 and value(confidences, [3], sps) == pytest.approx(206.34)
 
 
+def test_a_padded_table_lets_algorithm_1_past_the_dip():
+    """The same dip, for a target that runs two tokens as its faster three-token step: each
+    rate is the best at that many tokens or more, and Algorithm 1 finds the brute force's
+    best lengths again."""
+    sps = StepsPerSecond((1, 2, 3, 4), (100.0, 40.0, 60.0, 40.0)).padded()
+    assert sps.steps_per_second == (100.0, 60.0, 60.0, 40.0)
+    confidences = torch.full((1, 3), 0.9)
+    best = max(range(4), key=lambda l: value(confidences, [l], sps))
+    assert verify_lengths(confidences, sps).tolist() == [best] == [2]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_algorithm_1_over_a_rounds_rates_maximises_tokens_per_second_of_the_round(seed):
+    """With a fixed time per round outside the target's pass (the draft), the best lengths
+    maximise expected tokens / (pass time + that time), found here by brute force over
+    every length vector; the pass alone would verify fewer."""
+    requests, k, overhead = 2, 3, 1.5
+    generator = torch.Generator().manual_seed(seed)
+    confidences = torch.rand(requests, k, generator=generator) * 0.5 + 0.3
+    tokens = tuple(range(1, requests * (k + 1) + 1))
+    pass_seconds = {b: 3.0 + 0.7 * b for b in tokens}
+    sps = StepsPerSecond(tokens, tuple(1 / pass_seconds[b] for b in tokens))
+
+    def per_second(lengths) -> float:
+        tau = sum(1 + sum(float(np.prod(row[:j + 1])) for j in range(l))
+                  for row, l in zip(confidences.double().tolist(), lengths))
+        return tau / (pass_seconds[sum(1 + l for l in lengths)] + overhead)
+    best = max(itertools.product(range(k + 1), repeat=requests), key=per_second)
+    lengths = verify_lengths(confidences, sps.with_overhead(overhead)).tolist()
+    assert per_second(lengths) == pytest.approx(per_second(best), rel=1e-12)
+    assert sum(verify_lengths(confidences, sps).tolist()) <= sum(lengths)
+
+
 def test_steps_per_second_interpolates_as_numpy_does():
     sps = StepsPerSecond((1, 4, 16, 64), (900.0, 850.0, 600.0, 200.0))
     tokens = torch.tensor([0, 1, 2, 3, 4, 10, 16, 40, 64, 100])

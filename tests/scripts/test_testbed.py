@@ -15,15 +15,16 @@ transformers = pytest.importorskip("transformers", reason="the dev extra has tra
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "testbed"))
 from blocks import context, target_pass, teacher_forced  # noqa: E402
 from data import generate  # noqa: E402
-from e2e import (baseline, cache_slots, calibration, fixed_length, measure,  # noqa: E402
-                 speculative, steps_per_second, target_alone)
+from e2e import baseline, cache_slots, measure, speculative, target_alone  # noqa: E402
 from evaluate import held_out_blocks, statistics, validate  # noqa: E402
 from llama import LlamaTarget  # noqa: E402
+from scheduling import (calibration, fastest_widths, fixed_length,  # noqa: E402
+                        overlaps_recorded, sampler_check, steps_per_second)
 from train import train  # noqa: E402
 
 from dspark_compile import lane_config, load_checkpoint, load_runner, save_checkpoint  # noqa: E402
 from dspark_compile.compile import build_artifact  # noqa: E402
-from dspark_compile.runtime.schedule import verify_lengths  # noqa: E402
+from dspark_compile.runtime.schedule import StepsPerSecond, verify_lengths  # noqa: E402
 from dspark_compile.speculative import Request, decode  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -103,6 +104,10 @@ def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
     assert len(fitted["sts"]) == lane.k == len(fitted["calibration_error_sts"])
     sps = steps_per_second(target, 2, False, lane.k, taps, slots, CPU)
     assert sps.tokens == (2, 4, 6, 8)
+    # each width run as a wider one: still the target's output, one pass a round
+    padded = measure(target, runner, requests, wanted, 2, 0.0, False, CPU, baseline_run,
+                     pad={1: 4, 2: 4, 3: 4, 4: 4})
+    assert padded["same"] == 2 and padded["passes"] == measured["passes"] > 0
     runner.schedule(sps)
     scheduled = measure(target, runner, requests, wanted, 2, 0.0, False, CPU, baseline_run)
     runner.schedule(None)
@@ -149,3 +154,35 @@ def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
     first = stats["positions"][0]
     assert first["reached"] == result["blocks"]
     assert first["accepted_if_reached"] == pytest.approx(result["acceptance_by_position"][0])
+
+
+def test_each_width_runs_as_the_fastest_at_least_as_wide():
+    # widths 1..4 of 2 rows: width 2 is slow, 3 the fastest of 2 and wider
+    sps = StepsPerSecond((2, 4, 6, 8), (10.0, 4.0, 8.0, 8.0))
+    assert fastest_widths(sps, 2) == {1: 1, 2: 3, 3: 3, 4: 4}
+
+
+def test_the_sampler_check_counts_acceptance_where_each_position_was_reached():
+    """Three rounds of k = 2, by hand: position 0 reached by all three and accepted by
+    two (expected 0.5 each); position 1 reached by those two, accepted by one (expected
+    0.4 and 0.6)."""
+    rounds = [(torch.tensor([[0.5, 0.4], [0.5, 0.6]]), torch.tensor([1, 2])),
+              (torch.tensor([[0.5, 0.9]]), torch.tensor([0]))]
+    check = sampler_check(rounds)
+    assert check["rounds"] == 3
+    assert check["realized"] == pytest.approx([2 / 3, 1 / 2])
+    assert check["expected"] == pytest.approx([0.5, 0.5])
+    assert check["standard_error"] == pytest.approx([0.75 ** 0.5 / 3, 0.48 ** 0.5 / 2])
+    assert check["realized_tokens_per_round"] == pytest.approx(1 + 2 / 3 + 1 / 3)
+    # no round reached position 2 of k = 3: the lists stop before it
+    short = sampler_check([(torch.tensor([[0.5, 0.5, 0.5]]), torch.tensor([0]))])
+    assert short["realized"] == [0.0] and len(short["expected"]) == 1
+    recorded: list = []
+    with overlaps_recorded(recorded):
+        from dspark_compile.speculative import loop
+        q = torch.tensor([[[0.5, 0.5, 0.0]]])
+        p = torch.tensor([[[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]])
+        loop.verify_sampling(torch.tensor([[1]]), q, p, torch.zeros(1, dtype=torch.long),
+                             torch.zeros(1, dtype=torch.long))
+    assert recorded[0][0].tolist() == [[0.5]] and recorded[0][1].tolist() == [1]
+    assert loop.verify_sampling.__name__ == "verify_sampling"  # restored

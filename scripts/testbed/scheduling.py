@@ -1,0 +1,98 @@
+"""What ``e2e.py``'s scheduled arms need around the package's scheduling: STS fitted on a
+run's rounds, the target's SPS profiled per verify width (and the width each pass is
+fastest at), fixed verify lengths, and a check of sampled verification on real rounds."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+from torch import Tensor
+
+from dspark_compile.runtime.schedule import (PositionTemperatures, StepsPerSecond,
+                                             fit_position_temperatures,
+                                             profile_steps_per_second, survival_errors)
+from dspark_compile.speculative import loop
+from alone import sync
+from llama import LlamaTarget
+
+
+def calibration(run: dict) -> tuple[PositionTemperatures, dict]:
+    """STS fitted on the first half of ``run``'s rounds; the calibration error per position
+    on the other half before and after it."""
+    confidences, accepted = torch.tensor(run["confidences"]), torch.tensor(run["accepted"])
+    half = len(accepted) // 2
+    sts = fit_position_temperatures(confidences[:half], accepted[:half])
+    return sts, dict(sts=sts.temperatures,
+                     calibration_error=survival_errors(confidences[half:], accepted[half:]),
+                     calibration_error_sts=survival_errors(sts(confidences[half:]),
+                                                           accepted[half:]))
+
+
+def steps_per_second(model, batch: int, graphs: bool, k: int, taps, slots: int, device
+                     ) -> StepsPerSecond:
+    """The target's SPS, profiled at every verify width of ``batch`` rows."""
+    target = LlamaTarget(model, batch, slots, taps, k + 1, graphs)
+    start = torch.zeros(batch, dtype=torch.long, device=device)
+
+    def verify_step(tokens: int) -> None:
+        target.verify(torch.zeros(batch, tokens // batch, dtype=torch.long, device=device),
+                      start)
+        sync()
+    return profile_steps_per_second(verify_step, [batch * n for n in range(1, k + 2)])
+
+
+def fastest_widths(sps: StepsPerSecond, batch: int) -> dict[int, int]:
+    """Per verify width of ``batch`` rows, the width at least as wide that ``sps`` (one
+    measured rate per width) ran fastest: what ``LlamaTarget``'s ``pad`` takes, and what
+    makes :meth:`StepsPerSecond.padded` the target's rates."""
+    rates = {tokens // batch: rate for tokens, rate in zip(sps.tokens, sps.steps_per_second)}
+    return {n: max((w for w in rates if w >= n), key=lambda w: (rates[w], -w))
+            for n in rates}
+
+
+def fixed_length(length: int, confidences: Tensor) -> Tensor:
+    """A schedule that verifies ``length`` drafts of every request."""
+    return torch.full(confidences.shape[:1], length, dtype=torch.long)
+
+
+@contextlib.contextmanager
+def overlaps_recorded(rounds: list[tuple[Tensor, Tensor]]) -> Iterator[None]:
+    """While open, each row of each of the loop's sampled verifications appends to
+    ``rounds`` its ``sum_v min(p_j(v), q_j(v))`` per position (the chance that draft j is
+    accepted where it is reached) and the drafts it accepted."""
+    verify = loop.verify_sampling
+
+    def recording(draft_ids, q, p, seed, position, lengths=None):
+        accepted, tokens = verify(draft_ids, q, p, seed, position, lengths)
+        rounds.append((torch.minimum(p[:, :q.shape[1]], q).sum(-1), accepted))
+        return accepted, tokens
+    loop.verify_sampling = recording
+    try:
+        yield
+    finally:
+        loop.verify_sampling = verify
+
+
+def sampler_check(rounds: list[tuple[Tensor, Tensor]]) -> dict:
+    """Per position, over the rounds that reached it: how often the draft was accepted,
+    against the mean of ``sum_v min(p, q)`` there and its standard error (equal within a
+    few errors where the sampler is exact), up to the first position no round reached; and
+    the tokens a round these chances make."""
+    overlap = torch.cat([o.cpu() for o, _ in rounds]).double()
+    accepted = torch.cat([a.cpu() for _, a in rounds])
+    check = dict(rounds=len(accepted), realized=[], expected=[], standard_error=[])
+    for j in range(overlap.shape[1]):
+        reached = accepted >= j
+        if not reached.any():  # no round got this far: nothing to compare from here on
+            break
+        expected = overlap[reached, j]
+        check["realized"].append(float((accepted[reached] > j).double().mean()))
+        check["expected"].append(float(expected.mean()))
+        check["standard_error"].append(float((expected * (1 - expected)).sum().sqrt()
+                                             / int(reached.sum())))
+    for name in ("realized", "expected"):
+        check[f"{name}_tokens_per_round"] = 1 + float(
+            torch.tensor(check[name]).cumprod(0).sum())
+    return check
