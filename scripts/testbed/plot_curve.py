@@ -21,7 +21,8 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curve = json.loads(args.curve.read_text())["curve"]
+    data = json.loads(args.curve.read_text())
+    curve, device = data["curve"], data.get("device_name")
     seconds = [point["seconds"] for point in curve]
     figure, axes = plt.subplots(figsize=(6, 4))
     axes.plot(seconds, [p["tokens_per_round"] for p in curve], "o-", label="greedy")
@@ -30,7 +31,7 @@ def main() -> None:
     for point in curve:
         axes.annotate(str(point["step"]), (point["seconds"], point["tokens_per_round"]),
                       textcoords="offset points", xytext=(0, 6), fontsize=7, ha="center")
-    axes.set_xlabel("training time on one H200 (s); labels: steps")
+    axes.set_xlabel(f"training time{f' on one {device}' if device else ''} (s); labels: steps")
     axes.set_ylabel("tokens per round (bonus included)")
     axes.set_title("held-out prompts' greedy answers, every position an anchor")
     axes.grid(alpha=0.3)

@@ -194,8 +194,9 @@ def main() -> None:
                               args.validate_every, max_seconds=args.max_seconds)
     save_checkpoint(drafter, args.out, "speculators", verifier=args.target)
     args.curve.parent.mkdir(parents=True, exist_ok=True)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     args.curve.write_text(json.dumps(dict(args={k: str(v) for k, v in vars(args).items()},
-                                          curve=curve), indent=2))
+                                          device_name=device_name, curve=curve), indent=2))
     print(args.out)
 
 
