@@ -25,7 +25,7 @@ from train import train  # noqa: E402
 from dspark_compile import lane_config, load_checkpoint, load_runner, save_checkpoint  # noqa: E402
 from dspark_compile.compile import build_artifact  # noqa: E402
 from dspark_compile.runtime.schedule import StepsPerSecond, verify_lengths  # noqa: E402
-from dspark_compile.speculative import Request, decode  # noqa: E402
+from dspark_compile.speculative import Request, decode, loop  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -179,7 +179,6 @@ def test_the_sampler_check_counts_acceptance_where_each_position_was_reached():
     assert short["realized"] == [0.0] and len(short["expected"]) == 1
     recorded: list = []
     with overlaps_recorded(recorded):
-        from dspark_compile.speculative import loop
         q = torch.tensor([[[0.5, 0.5, 0.0]]])
         p = torch.tensor([[[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]])
         loop.verify_sampling(torch.tensor([[1]]), q, p, torch.zeros(1, dtype=torch.long),
