@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import sys
 from typing import Callable
 
@@ -15,6 +16,7 @@ from omegaconf import DictConfig
 
 from dspark_compile.config import CONF_DIR
 from dspark_compile.errors import DSparkError
+from dspark_compile.progress import interrupt
 from dspark_compile.tools.bench import bench
 from dspark_compile.tools.commands import VerifyConfig, register_configs, to_config
 from dspark_compile.tools.compile_job import compile_job
@@ -51,6 +53,7 @@ def command(name: str, config_name: str, needs: tuple[str, str] | None = None
                 if "--debug" in sys.argv:
                     sys.argv.remove("--debug")
                 os.environ["HYDRA_FULL_ERROR"] = "1"
+            signal.signal(signal.SIGINT, interrupt)
             try:
                 overrides = sys.argv[1:]
                 if not any(arg.startswith("-") for arg in overrides):  # flags: Hydra's own

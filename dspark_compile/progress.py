@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
 from contextvars import ContextVar
 from typing import Iterator, Optional, TextIO
@@ -12,6 +13,14 @@ from typing import Iterator, Optional, TextIO
 from tqdm import tqdm
 
 _current: ContextVar[Optional["Progress"]] = ContextVar("progress", default=None)
+_interrupted = threading.Event()
+
+
+def interrupt(signum: int, frame: object) -> None:
+    """A SIGINT handler (the CLI's): Ctrl-C as KeyboardInterrupt, and remembered, so that
+    the build's next phase raises it again where a compiler's own code swallowed it."""
+    _interrupted.set()
+    raise KeyboardInterrupt
 
 
 class Progress:
@@ -48,7 +57,10 @@ def reporting(what: str, stream: Optional[TextIO] = None) -> Iterator[Progress]:
 
 
 def phase(name: str) -> None:
-    """Report a phase of the build in progress, if one is reporting."""
+    """Report a phase of the build in progress, if one is reporting (after an interrupt:
+    raise it)."""
+    if _interrupted.is_set():
+        raise KeyboardInterrupt
     progress = _current.get()
     if progress is not None:
         progress.phase(name)
