@@ -71,6 +71,9 @@ class LaneConfig:
     # kernels of our own (dspark_compile/kernels/). "auto": on where the device, dtype and
     # head support them (decided when a drafter is made on a device: for_device)
     fused_markov_step: Any = "auto"
+    # the fused walk reads W2 only at columns that can still win (kernels/markov, up to 16
+    # requests): the same ids; it pays where the base logits leave few columns a chance
+    certified_markov_walk: bool = False
     fused_attention: Any = "auto"
     skinny_gemm: Any = "auto"
     confidence_with_markov: bool = True
@@ -130,6 +133,8 @@ class LaneConfig:
                       and all(map(_positive_real, self.confidence_temperatures))),
                   "null, or k positive numbers with a confidence head"),
                  ("fused_markov_step", _switch(self.fused_markov_step), "true, false or auto"),
+                 ("certified_markov_walk", isinstance(self.certified_markov_walk, bool),
+                  "true or false"),
                  ("fused_attention", _switch(self.fused_attention), "true, false or auto"),
                  ("skinny_gemm", _switch(self.skinny_gemm), "true, false or auto")]
         for name, ok, allowed in types:

@@ -111,6 +111,12 @@ def test_the_fast_paths_are_on_by_default_where_they_apply():
     assert asked.for_device("cuda", "float32").dtype == "float32"
 
 
+def test_a_lane_from_a_manifest_takes_only_a_bool_certified_walk():
+    lane = lane_config("tiny")
+    with pytest.raises(ConfigError, match="certified_markov_walk='yes', expected true or false"):
+        lane.replace(certified_markov_walk="yes")
+
+
 def test_asking_for_a_fast_path_where_it_does_not_apply_is_an_error():
     with pytest.raises(ConfigError, match="fused_markov_step=True"):
         lane_config("tiny", markov_head="rnn", fused_markov_step=True)

@@ -45,7 +45,7 @@ def empty_drafter(lane: LaneConfig, device: torch.device | str) -> Drafter:
     ``auto`` fast paths decided for the device)."""
     drafter = meta_drafter(lane, device)
     drafter.to_empty(device=device)
-    drafter.fill_rope_tables()
+    drafter.fill_tables()
     return drafter.eval()
 
 
@@ -55,6 +55,7 @@ def cast_drafter(drafter: Drafter, dtype: str) -> Drafter:
     device = drafter.fc.weight.device
     copy = empty_drafter(drafter.lane.for_device(device, dtype), device)
     copy.load_state_dict(drafter.state_dict())  # copy_ casts
+    copy.fill_tables()
     return copy
 
 
@@ -76,6 +77,7 @@ def random_drafter(lane: LaneConfig, device: torch.device | str = "cpu", seed: i
     if lane.has_d2t:
         drafter.d2t.copy_(random_d2t(lane.draft_vocab_size, lane.target_vocab_size, gen,
                                      drafter.d2t.device))
+    drafter.fill_tables()
     return drafter
 
 
@@ -151,7 +153,7 @@ def load_weights(lane: LaneConfig, files: Path | dict[str, Path], device: torch.
             raise CheckpointError(f"{where}: d2t maps draft ids outside [0, "
                                   f"{lane.target_vocab_size}) (the vocab_size)")
     drafter.load_state_dict(state, assign=True)
-    drafter.fill_rope_tables()
+    drafter.fill_tables()
     return drafter.eval()
 
 

@@ -19,12 +19,19 @@ def markov_loop(drafter: Drafter, h: Tensor, base_logits: Tensor, state: Optiona
     """The Markov walk, unrolled, from the head's ``state`` (:meth:`Drafter.block`): ids
     ``[R, k]``, ids fed to each step, and the corrected logits ``[R, k, V]`` when
     ``keep_logits``. A lane with ``fused_markov_step`` runs the walk in Triton on CUDA
-    (:mod:`dspark_compile.kernels.markov`), which never writes the logits. Without a
+    (:mod:`dspark_compile.kernels.markov`; ``certified_markov_walk``: its certified walk),
+    which never writes the logits. Without a
     Markov head every step samples its base logits."""
     head = drafter.markov_head
-    if drafter.lane.fused_markov_step and base_logits.is_cuda and not keep_logits:
-        ids = markov.markov_walk(head.markov_w1.weight, head.markov_w2.weight, base_logits,
-                                 anchor, temperature, seed, anchor_pos, drafter.d2t)
+    lane = drafter.lane
+    if lane.fused_markov_step and base_logits.is_cuda and not keep_logits:
+        w1, w2 = head.markov_w1.weight, head.markov_w2.weight
+        if lane.certified_markov_walk:
+            ids = markov.certified_markov_walk(w1, w2, head.w2_norms, base_logits, anchor,
+                                               temperature, seed, anchor_pos, drafter.d2t)[0]
+        else:
+            ids = markov.markov_walk(w1, w2, base_logits, anchor, temperature, seed,
+                                     anchor_pos, drafter.d2t)
         return ids, torch.cat([anchor[:, None], ids[:, :-1]], 1), None
     prev = anchor
     wide = torch.promote_types(base_logits.dtype, torch.float32)

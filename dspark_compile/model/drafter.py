@@ -29,6 +29,13 @@ class Drafter(Backbone):
         else:
             self.d2t = None
 
+    def fill_tables(self) -> None:
+        """(Re)compute what the weights determine (the RoPE tables, W2's row norms): call
+        after the storage is materialised or the weights change."""
+        self.fill_rope_tables()
+        if self.markov_head is not None:
+            self.markov_head.fill_norms()
+
     def block(self, k_cache: Tensor, v_cache: Tensor, anchor: Tensor, anchor_pos: Tensor,
               features: Optional[Tensor] = None, num_new: Optional[Tensor] = None
               ) -> tuple[Tensor, Tensor, Optional[Tensor]]:

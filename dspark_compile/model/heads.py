@@ -12,6 +12,12 @@ from dspark_compile.config import LaneConfig, MarkovHead as Kind
 from dspark_compile.model.vocab import TokenTable
 
 
+def row_norms(w: Tensor) -> Tensor:
+    """``||w[v]||`` of every row in fp32, rounded up (the certified walk's bounds)."""
+    exact = w.double().norm(dim=-1)
+    return torch.nextafter(exact.float(), torch.tensor(float("inf"), device=w.device))
+
+
 class MarkovHead(nn.Module):
     """``bias_k = W2 · latent_k`` where the latent starts from ``W1[prev]`` (DeepSpec heads).
 
@@ -24,10 +30,19 @@ class MarkovHead(nn.Module):
         r, hidden = lane.markov_rank, lane.hidden_size
         self.markov_w1 = TokenTable(lane.target_vocab_size, r)
         self.markov_w2 = nn.Linear(r, lane.draft_vocab_size, bias=False)
+        if lane.certified_markov_walk:  # W2's row norms: fill_norms() once W2 is set
+            self.register_buffer("w2_norms", torch.zeros(lane.draft_vocab_size),
+                                 persistent=False)
         if self.kind is Kind.gated:
             self.gate_proj = nn.Linear(hidden + r, r)
         elif self.kind is Kind.rnn:
             self.joint_proj = nn.Linear(2 * r + hidden, 3 * r)
+
+    def fill_norms(self) -> None:
+        """(Re)compute ``w2_norms`` from W2, where the lane has them: call after W2's
+        storage is filled or changed."""
+        if hasattr(self, "w2_norms"):
+            self.w2_norms = row_norms(self.markov_w2.weight)
 
     def initial_state(self, anchor: Tensor, anchor_row: Optional[Tensor], like: Tensor
                       ) -> Optional[Tensor]:

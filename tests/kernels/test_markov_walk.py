@@ -32,8 +32,8 @@ def test_the_fused_step_is_refused_where_the_kernel_does_not_apply(changes):
 # cannot load bf16 from CPU memory, so the kernel gets fp32 copies of the bf16 values (the
 # same numbers). Triton 3.6's interpreter truncates fp32 -> bf16 (the GPU's cvt.rn rounds
 # to nearest even: test_the_kernel_rounds_to_bf16_as_the_eager_path_does), so the script
-# converts as the GPU does.
-INTERPRETED = """
+# converts as the GPU does (GPU_ROUNDING, which test_certified_walk shares).
+GPU_ROUNDING = """
 import json, numpy as np, torch
 import triton.language as tl
 from triton.runtime import interpreter
@@ -53,7 +53,8 @@ def cast_as_the_gpu(self, src, dst_type):
         return interpreter.TensorHandle(wide.view(np.float32), tl.float32)
     return cast(self, src, dst_type)
 interpreter.InterpreterBuilder.cast_impl = cast_as_the_gpu
-
+"""
+INTERPRETED = GPU_ROUNDING + """
 lane = lane_config("tiny_d2t", draft_vocab_size=320)  # 2.5 or 5 tiles: the last one masked
 drafter = random_drafter(lane, "cpu", seed=3)
 head = drafter.markov_head
@@ -113,24 +114,29 @@ def test_the_walk_matches_the_loop_in_the_triton_interpreter(interpreted_report)
 POINTERS = {"w1_ptr": "*bf16", "w2_ptr": "*bf16", "base_ptr": "*bf16", "anchor_ptr": "*i64",
             "temperature_ptr": "*fp32", "seed_ptr": "*i64", "position_ptr": "*i64",
             "d2t_ptr": "*i64", "best_ptr": "*fp64", "index_ptr": "*i32", "count_ptr": "*i32",
-            "ids_ptr": "*i64"}
+            "ids_ptr": "*i64", "norms_ptr": "*fp32", "least_ptr": "*fp64", "read_ptr": "*i32"}
 
 
 @pytest.mark.skipif(not kernels.HAS_TRITON, reason=NO_TRITON)
+@pytest.mark.parametrize("certified", [False, True])
 @pytest.mark.parametrize("rows", [1, 8, 16, 20, 64, 128])
 @pytest.mark.parametrize("lane_name", ["qwen36_27b", "qwen36_35b_a3b"])
-def test_the_kernel_compiles_for_the_h200_without_register_spills(lane_name, rows, ptxas_for_h200):
+def test_the_kernel_compiles_for_the_h200_without_register_spills(lane_name, rows, certified,
+                                                                  ptxas_for_h200):
     """Triton compiles ahead of time with the ptxas it ships, no GPU needed: sm_90 (the
     H200's 132 multiprocessors), a real lane's rank and vocabulary, the kernel and launch
     the op uses for ``rows`` requests there, and the specialization Triton's launcher gives
     it there: pointers and the vocabulary-sized integers known to be multiples of 16
     (without it Triton neither vectorizes nor pipelines the loads, and the kernel is
-    another one)."""
+    another one). ``certified``: the certified walk's step, where the walk streams."""
     from dspark_compile.kernels.markov import kernels
 
     lane = lane_config(lane_name)
     launch = markov.launch.launch_shape(rows, lane.draft_vocab_size, lane.markov_rank, 132)
     programs, run = markov.launch.grid(launch, -(-lane.draft_vocab_size // launch.block), 132)
+    if certified and (launch.resident or launch.rows > markov.launch.CERTIFIED_ROWS):
+        pytest.skip("the certified op runs the full walk here: a resident walk reads W2 "
+                    "once, and past CERTIFIED_ROWS rows the certified step would spill")
     kernel = (kernels._markov_walk_kernel if launch.resident
               else kernels._markov_step_kernel)
     aligned = [n for n in kernel.arg_names if n.endswith("_ptr")] + ["V", "base_stride"]
@@ -139,7 +145,8 @@ def test_the_kernel_compiles_for_the_h200_without_register_spills(lane_name, row
                      PARTS=markov.launch.reduction_chunk(launch, programs), HAS_D2T=True)
     # a streaming launch walks its tiles forwards or backwards (every other step)
     for reverse in (False,) if launch.resident else (False, True):
-        report = ptxas_for_h200(kernel, POINTERS, aligned, dict(constants, REVERSE=reverse),
+        report = ptxas_for_h200(kernel, POINTERS, aligned,
+                                dict(constants, REVERSE=reverse, CERTIFIED=certified),
                                 launch.warps, launch.stages)
         assert report.returncode == 0, report.stderr
         assert " 0 bytes spill stores" in report.stderr, report.stderr

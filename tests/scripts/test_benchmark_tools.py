@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -53,6 +54,40 @@ def test_markov_loop_bench_drafts_the_eager_loops_ids(tmp_path, device):
     run_script("markov_loop_bench.py", "--lane", "qwen36_35b_a3b", "--batches", "1", "8",
                "--trials", "2", "--out", str(out), cwd=tmp_path)
     rows = json.loads(out.read_text())["rows"]
-    assert {r["path"] for r in rows} == {"loop (eager)", "loop (fused)"}
+    assert {r["path"] for r in rows} == {"loop (eager)", "loop (fused)", "loop (certified)"}
     assert {r["batch"] for r in rows} == {1, 8}
     assert all(r["ids_compared"] > 0 and r["ids_differing"] == 0 for r in rows)
+    assert all(r["ids_differing_from_fused"] == 0 for r in rows)
+
+
+def test_real_rounds_tiled_into_a_wider_lane_walk_as_the_drafter_does(tmp_path):
+    """``markov_loop_bench.tiled_head``: a small drafter's rounds, tiled into a lane of 4.5
+    times the vocabulary and 4 times the rank, walk to the drafter's own ids."""
+    import torch
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(SCRIPTS))
+    from markov_loop_bench import tiled_head
+    from dspark_compile.checkpoint import random_drafter
+    from dspark_compile.config import lane_config
+    from dspark_compile.draft.markov import markov_loop
+
+    small = random_drafter(lane_config("tiny"), "cpu", seed=2)
+    head, V, k = small.markov_head, small.lane.draft_vocab_size, small.lane.k
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(6, k, V, generator=g).mul(3).bfloat16()
+    anchor = torch.randint(0, V, (6,), generator=g)
+    save_file({"base": base, "anchor": anchor, "w1": head.markov_w1.weight.contiguous(),
+               "w2": head.markov_w2.weight.contiguous()}, str(tmp_path / "rounds.safetensors"))
+    wide = lane_config("tiny", target_vocab_size=9 * V // 2, draft_vocab_size=9 * V // 2,
+                       markov_rank=4 * small.lane.markov_rank, k=k + 3)
+    lane, tiled, tiled_base, tiled_anchor = tiled_head(wide, str(tmp_path / "rounds.safetensors"),
+                                                      torch.device("cpu"))
+    assert lane.k == k and tiled_base.shape == (6, k, 9 * V // 2)
+    inputs = dict(h=torch.zeros(6, k, 1), state=None, temperature=torch.zeros(6),
+                  seed=torch.zeros(6, dtype=torch.long),
+                  anchor_pos=torch.zeros(6, dtype=torch.long), keep_logits=False)
+    expected = markov_loop(small, base_logits=base, anchor=anchor, **inputs)[0]
+    walked = markov_loop(SimpleNamespace(markov_head=tiled, d2t=None, lane=lane),
+                         base_logits=tiled_base, anchor=tiled_anchor, **inputs)[0]
+    assert torch.equal(walked, expected)

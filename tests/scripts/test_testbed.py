@@ -14,6 +14,7 @@ import torch
 transformers = pytest.importorskip("transformers", reason="the dev extra has transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "testbed"))
 from blocks import context, target_pass, teacher_forced  # noqa: E402
+from certificate import reads, report  # noqa: E402
 from data import generate  # noqa: E402
 from e2e import baseline, cache_slots, measure, speculative, target_alone  # noqa: E402
 from evaluate import held_out_blocks, statistics, validate  # noqa: E402
@@ -23,6 +24,7 @@ from scheduling import (calibration, fastest_widths, fixed_length,  # noqa: E402
 from train import train  # noqa: E402
 
 from dspark_compile import lane_config, load_checkpoint, load_runner, save_checkpoint  # noqa: E402
+from dspark_compile.checkpoint import random_drafter  # noqa: E402
 from dspark_compile.compile import build_artifact  # noqa: E402
 from dspark_compile.runtime.schedule import StepsPerSecond, verify_lengths  # noqa: E402
 from dspark_compile.speculative import Request, decode, loop  # noqa: E402
@@ -185,3 +187,25 @@ def test_the_sampler_check_counts_acceptance_where_each_position_was_reached():
                              torch.zeros(1, dtype=torch.long))
     assert recorded[0][0].tolist() == [[0.5]] and recorded[0][1].tolist() == [1]
     assert loop.verify_sampling.__name__ == "verify_sampling"  # restored
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_certificate_statistics_count_the_rounds_evaluate_counts(target, temperature):
+    """The certified walk over held-out blocks: every pick the full walk's, as many picks
+    as the positions ``evaluate.statistics`` says were reached (greedy) or as there are
+    (T = 1), and each step reading between one row and all of W2."""
+    lane = lane_config("tiny", hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8,
+                       intermediate_size=64, target_vocab_size=64, draft_vocab_size=64,
+                       mask_token_id=63, target_layer_ids=[0, 2], k=3, markov_rank=16)
+    drafter = random_drafter(lane, CPU, seed=0)
+    torch.manual_seed(3)
+    sequences = [torch.randint(0, 63, (n,)) for n in (14, 11, 17)]
+    blocks = lambda: held_out_blocks(drafter, target, sequences, [4] * 3, CPU)  # noqa: E731
+    counted = reads(drafter, blocks(), sequences, temperature)
+    positions = statistics(blocks())["positions"]
+    expected = (sum(p["reached"] for p in positions) if temperature == 0
+                else sum(len(t) - 4 - lane.k for t in sequences) * lane.k)
+    assert counted["picks"] == expected > 0
+    assert counted["differ"] == 0
+    summary = report(counted)["positions"][0]["one_request"]
+    assert 1 / 64 <= summary["mean"] <= summary["most"] <= 1

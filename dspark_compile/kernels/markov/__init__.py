@@ -23,6 +23,12 @@ leave two contenders. The reduction over programs lets the lowest index win ties
 :func:`dspark_compile.draft.sampling.first_argmax` does and maps the id through
 d2t. No ``[R, V]`` row is written, and only ``[R, k]`` target ids leave the op.
 
+The certified walk (``dspark::certified_markov_walk``) is the streamed step with
+``CERTIFIED`` on (``bounds.py``): each step first bounds every column's logit from the
+norms of W2's rows, scores exactly each program's highest, and after a grid barrier reads
+W2 only at the columns whose bound reaches the best of those (the argument:
+:mod:`dspark_compile.draft.certified`). It returns the rows of W2 each step read.
+
 ``torch.library.triton_op`` lets ``torch.compile``, ``torch.export`` and AOTInductor see
 the kernel and keep it inside their graphs; its fake implementation comes from tracing.
 Off CUDA the walk stays :func:`dspark_compile.draft.markov.markov_loop`, the reference this
@@ -54,3 +60,15 @@ def markov_walk(w1: Tensor, w2: Tensor, base: Tensor, anchor: Tensor, temperatur
     register()
     return torch.ops.dspark.markov_walk(w1, w2, base, anchor, temperature, seed, anchor_pos,
                                         d2t)
+
+
+def certified_markov_walk(w1: Tensor, w2: Tensor, norms: Tensor, base: Tensor,
+                          anchor: Tensor, temperature: Tensor, seed: Tensor,
+                          anchor_pos: Tensor, d2t: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """:func:`markov_walk`'s ids, and the rows of W2 each step read ``[k]``: a streamed
+    step reads W2 only where a column can still win (see the module docstring)."""
+    if not RUNNABLE:
+        raise RuntimeError("the fused Markov step needs Triton on CUDA: pip install triton")
+    register()
+    return torch.ops.dspark.certified_markov_walk(w1, w2, norms, base, anchor, temperature,
+                                                  seed, anchor_pos, d2t)

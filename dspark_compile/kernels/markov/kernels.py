@@ -4,6 +4,7 @@ walk with W2 resident in shared memory (see :mod:`dspark_compile.kernels.markov`
 import triton
 import triton.language as tl
 
+from dspark_compile.kernels.markov.bounds import _bounds, _seed_scores
 from dspark_compile.kernels.markov.tiles import (_base_tile, _merge, _mix, _publish, _reduce, _round_bf16, _row_inputs, _sampled_update, _tile_values)
 
 
@@ -15,13 +16,17 @@ def _run_tile(program, nth, RUN: tl.constexpr, REVERSE: tl.constexpr):
 @triton.jit
 def _markov_step_kernel(w1_ptr, w2_ptr, base_ptr, anchor_ptr, temperature_ptr, seed_ptr,
                         position_ptr, d2t_ptr, best_ptr, index_ptr, count_ptr, ids_ptr,
-                        R, V, k, base_stride, step, RANK: tl.constexpr,
-                        R_PAD: tl.constexpr, BLOCK: tl.constexpr, RUN: tl.constexpr,
-                        PROGRAMS: tl.constexpr, PARTS: tl.constexpr,
-                        HAS_D2T: tl.constexpr, REVERSE: tl.constexpr):
+                        R, V, k, base_stride, step, norms_ptr, least_ptr, read_ptr,
+                        RANK: tl.constexpr, R_PAD: tl.constexpr, BLOCK: tl.constexpr,
+                        RUN: tl.constexpr, PROGRAMS: tl.constexpr, PARTS: tl.constexpr,
+                        HAS_D2T: tl.constexpr, REVERSE: tl.constexpr,
+                        CERTIFIED: tl.constexpr = False):
     # One step: this program's run of RUN tiles of W2, streamed in column order or, with
     # REVERSE (every other step), backwards: a step then starts on the tiles the last one
-    # ended with, which are still in L2.
+    # ended with, which are still in L2. CERTIFIED (see bounds.py): first the bounds of
+    # the run's columns and the exact score of each row's highest, then, once every
+    # program has published those, W2 is read only at columns whose bound reaches the best
+    # of them; read_ptr counts the rows read.
     program = tl.program_id(0)
     rows = tl.arange(0, R_PAD)
     row_ok = rows < R
@@ -41,8 +46,17 @@ def _markov_step_kernel(w1_ptr, w2_ptr, base_ptr, anchor_ptr, temperature_ptr, s
     # column: elementwise per tile, reduced across the slots once, after the run.
     top = tl.full((R_PAD, BLOCK), float("-inf"), tl.float32)
     top_col = tl.zeros((R_PAD, BLOCK), tl.int32)
-    # The base tile is loaded one tile ahead: Triton's pipeline prefetches only the
-    # loads that feed tl.dot, and this one would otherwise stall every tile.
+    if CERTIFIED:
+        e_norm = tl.sqrt(tl.sum(e.to(tl.float32) * e.to(tl.float32), axis=1))
+        least, read = _seed_scores(w2_ptr, norms_ptr, least_ptr, count_ptr + k + step,
+                                   base_row_ptr, e, e_norm, t, hot, any_hot, row_key, rows,
+                                   row_ok, program, V, RANK, R_PAD, BLOCK, RUN, PROGRAMS,
+                                   PARTS, SPAN=4)
+        next_cols = _run_tile(program, 0, RUN, REVERSE) * BLOCK + tl.arange(0, BLOCK)
+        next_norms = tl.load(norms_ptr + next_cols, mask=next_cols < V, other=0.0)
+    # The base tile (and a certified step's norms) are loaded one tile ahead: Triton's
+    # pipeline prefetches only the loads that feed tl.dot, and these would otherwise stall
+    # every tile.
     next_base = _base_tile(base_row_ptr, _run_tile(program, 0, RUN, REVERSE), V, row_ok,
                            BLOCK)
     for nth in range(RUN):  # a run of RUN tiles; any past the vocabulary is all masked
@@ -51,10 +65,22 @@ def _markov_step_kernel(w1_ptr, w2_ptr, base_ptr, anchor_ptr, temperature_ptr, s
         next_base = _base_tile(base_row_ptr, _run_tile(program, nth + 1, RUN, REVERSE), V,
                                row_ok & (nth + 1 < RUN), BLOCK)
         cols = tile * BLOCK + tl.arange(0, BLOCK)
+        wanted = cols < V
+        if CERTIFIED:
+            norms = next_norms
+            next_cols = _run_tile(program, nth + 1, RUN, REVERSE) * BLOCK + tl.arange(0, BLOCK)
+            next_norms = tl.load(norms_ptr + next_cols,
+                                 mask=(next_cols < V) & (nth + 1 < RUN), other=0.0)
+            contender = _bounds(base, norms, e_norm, t, hot, any_hot, row_key, cols,
+                                V) >= least[:, None]
+            wanted &= tl.max(contender.to(tl.int32), axis=0) > 0
+            read += tl.sum(wanted.to(tl.int32), axis=0)
         w2 = tl.load(w2_ptr + cols[:, None] * RANK + tl.arange(0, RANK)[None, :],
-                     mask=(cols < V)[:, None], other=0.0)
+                     mask=wanted[:, None], other=0.0)
         bias = _round_bf16(tl.dot(e, tl.trans(w2), out_dtype=tl.float32))
         z = _tile_values(bias, base, tile, V, BLOCK)
+        if CERTIFIED:  # a column below the least score can neither win nor tie
+            z = tl.where(contender, z, float("-inf"))
         # a tie keeps the lower column: the earlier tile, or the later one backwards
         ahead = (z >= top) if REVERSE else (z > top)
         top = tl.where(ahead, z, top)
@@ -65,6 +91,8 @@ def _markov_step_kernel(w1_ptr, w2_ptr, base_ptr, anchor_ptr, temperature_ptr, s
     best, index = _merge(hot, best, index, greedy,
                          tl.min(tl.where(top == greedy[:, None], top_col, V), axis=1))
     _publish(best, index, best_ptr, index_ptr, rows, program, PROGRAMS)
+    if CERTIFIED:
+        tl.atomic_add(read_ptr + step, read)
     # The last program to count itself reduces the step (the pattern of Inductor's grid
     # barrier: a CTA barrier, then a release / acquire atomic).
     tl.debug_barrier()

@@ -35,6 +35,9 @@ LAUNCHES = {16: (128, 8, 1), 32: (128, 8, 1), 64: (64, 8, 1)}
 # the most rows it drafts: past 16 its tile no longer fits in registers without spills
 RESIDENT_BYTES = 128 * 1024
 RESIDENT_ROWS = 16
+# the most rows a certified step takes: past 16 its bounds spill registers on sm_90, and
+# the union of more requests' contenders is most of W2 on the testbed's rounds
+CERTIFIED_ROWS = 16
 
 
 def launch_shape(rows: int, vocab: int, rank: int, sms: int) -> Launch:

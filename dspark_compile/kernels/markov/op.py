@@ -18,6 +18,27 @@ def markov_walk(w1: Tensor, w2: Tensor, base: Tensor, anchor: Tensor, temperatur
                 seed: Tensor, anchor_pos: Tensor, d2t: Optional[Tensor]) -> Tensor:
     """Target ids ``[R, k]`` of the k vanilla Markov steps from ``anchor`` over the base
     logits ``base [R, k, V]`` (see the module docstring)."""
+    return _walk(w1, w2, None, base, anchor, temperature, seed, anchor_pos, d2t)
+
+
+@torch.library.triton_op("dspark::certified_markov_walk", mutates_args=())
+def certified_markov_walk(w1: Tensor, w2: Tensor, norms: Tensor, base: Tensor,
+                          anchor: Tensor, temperature: Tensor, seed: Tensor,
+                          anchor_pos: Tensor, d2t: Optional[Tensor]
+                          ) -> tuple[Tensor, Tensor]:
+    """:func:`markov_walk`'s ids, each streamed step reading W2 only where a column can
+    still win (``norms``: ``||W2[v]||`` rounded up, ``model.heads.row_norms``), and
+    the rows of W2 each step read ``[k]`` (a resident walk reads all of W2 once, at its
+    first step)."""
+    read = torch.zeros(base.shape[1], dtype=torch.int32, device=base.device)
+    ids = _walk(w1, w2, (norms, read), base, anchor, temperature, seed, anchor_pos, d2t)
+    return ids, read
+
+
+def _walk(w1: Tensor, w2: Tensor, certified: Optional[tuple[Tensor, Tensor]], base: Tensor,
+          anchor: Tensor, temperature: Tensor, seed: Tensor, anchor_pos: Tensor,
+          d2t: Optional[Tensor]) -> Tensor:
+    # certified: (norms, the rows of W2 each step reads), or None for the full walk
     R, k, V = base.shape
     sms = (torch.cuda.get_device_properties(base.device).multi_processor_count
            if base.is_cuda else 1)  # the interpreter's programs run one by one
@@ -26,7 +47,8 @@ def markov_walk(w1: Tensor, w2: Tensor, base: Tensor, anchor: Tensor, temperatur
     slots = (1 + shape.resident) * shape.rows * programs  # see the walk kernel
     best = torch.empty(slots, dtype=torch.float64, device=base.device)
     index = torch.empty(slots, dtype=torch.int32, device=base.device)
-    count = torch.zeros(k, dtype=torch.int32, device=base.device)
+    count = torch.zeros((1 + (certified is not None)) * k, dtype=torch.int32,
+                        device=base.device)  # the certified step's barriers too
     ids = torch.empty(R, k, dtype=torch.int64, device=base.device)
     # the kernel reads every [R] input with stride 1, W1 / W2 rows and base rows packed
     base, anchor, temperature, seed, anchor_pos, w1, w2 = (
@@ -40,9 +62,17 @@ def markov_walk(w1: Tensor, w2: Tensor, base: Tensor, anchor: Tensor, temperatur
     if shape.resident:
         torch.library.wrap_triton(_markov_walk_kernel)[(programs,)](
             *args, base.stride(0), K=k, **options)
-    else:
-        for step in range(k):
-            torch.library.wrap_triton(_markov_step_kernel)[(programs,)](
-                *args, k, base.stride(0), step, RUN=run, REVERSE=step % 2 == 1, **options)
+        if certified is not None:
+            certified[1][0] = V  # all of W2, once
+        return ids
+    if certified is not None and shape.rows > launch.CERTIFIED_ROWS:
+        certified[1].fill_(V)  # the full walk: every row of W2, every step
+        certified = None
+    norms, read = certified if certified is not None else (best, count)  # unread if None
+    least = torch.empty(shape.rows * programs if certified else 1, dtype=torch.float64,
+                        device=base.device)
+    for step in range(k):
+        torch.library.wrap_triton(_markov_step_kernel)[(programs,)](
+            *args, k, base.stride(0), step, norms, least, read, RUN=run,
+            REVERSE=step % 2 == 1, CERTIFIED=certified is not None, **options)
     return ids
-
