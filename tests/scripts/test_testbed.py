@@ -193,7 +193,7 @@ def test_the_sampler_check_counts_acceptance_where_each_position_was_reached():
 def test_the_certificate_statistics_count_the_rounds_evaluate_counts(target, temperature):
     """The certified walk over held-out blocks: every pick the full walk's, as many picks
     as the positions ``evaluate.statistics`` says were reached (greedy) or as there are
-    (T = 1), and each step reading between one row and all of W2."""
+    (T = 1), and each step reading between its seed alone and its seed and all of W2."""
     lane = lane_config("tiny", hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8,
                        intermediate_size=64, target_vocab_size=64, draft_vocab_size=64,
                        mask_token_id=63, target_layer_ids=[0, 2], k=3, markov_rank=16)
@@ -208,4 +208,5 @@ def test_the_certificate_statistics_count_the_rounds_evaluate_counts(target, tem
     assert counted["picks"] == expected > 0
     assert counted["differ"] == 0
     summary = report(counted)["positions"][0]["one_request"]
-    assert 1 / 64 <= summary["mean"] <= summary["most"] <= 1
+    # at least the request's one seed (64 columns: one run), at most that and every row
+    assert 1 / 64 <= summary["mean"] <= summary["most"] <= 65 / 64
