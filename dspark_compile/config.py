@@ -72,7 +72,7 @@ class LaneConfig:
     # head support them (decided when a drafter is made on a device: for_device)
     fused_markov_step: Any = "auto"
     # the fused walk reads W2 only at columns that can still win (kernels/markov, up to 16
-    # requests): the same ids; it pays where the base logits leave few columns a chance
+    # requests): the same ids, fewer bytes, but not yet less time (docs/internals.md)
     certified_markov_walk: bool = False
     fused_attention: Any = "auto"
     skinny_gemm: Any = "auto"
