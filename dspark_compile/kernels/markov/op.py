@@ -68,9 +68,10 @@ def _walk(w1: Tensor, w2: Tensor, certified: Optional[tuple[Tensor, Tensor]], ba
     if certified is not None and shape.rows > launch.CERTIFIED_ROWS:
         certified[1].fill_(V)  # the full walk: every row of W2, every step
         certified = None
-    norms, read = certified if certified is not None else (best, count)  # unread if None
-    least = torch.empty(shape.rows * programs if certified else 1, dtype=torch.float64,
-                        device=base.device)
+    # the full walk's step reads none of these three: any pointer serves
+    norms, read = certified if certified is not None else (best, count)
+    least = (best if certified is None else
+             torch.empty(shape.rows * programs, dtype=torch.float64, device=base.device))
     for step in range(k):
         torch.library.wrap_triton(_markov_step_kernel)[(programs,)](
             *args, k, base.stride(0), step, norms, least, read, RUN=run,
