@@ -45,7 +45,7 @@ def empty_drafter(lane: LaneConfig, device: torch.device | str) -> Drafter:
     ``auto`` fast paths decided for the device)."""
     drafter = meta_drafter(lane, device)
     drafter.to_empty(device=device)
-    drafter.fill_tables()
+    drafter.fill_rope_tables()  # the weights' tables wait for the weights
     return drafter.eval()
 
 

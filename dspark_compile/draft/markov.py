@@ -20,8 +20,8 @@ def markov_loop(drafter: Drafter, h: Tensor, base_logits: Tensor, state: Optiona
     ``[R, k]``, ids fed to each step, and the corrected logits ``[R, k, V]`` when
     ``keep_logits``. A lane with ``fused_markov_step`` runs the walk in Triton on CUDA
     (:mod:`dspark_compile.kernels.markov`; ``certified_markov_walk``: its certified walk),
-    which never writes the logits. Without a
-    Markov head every step samples its base logits."""
+    which never writes the logits. Without a Markov head every step samples its base
+    logits."""
     head = drafter.markov_head
     lane = drafter.lane
     if lane.fused_markov_step and base_logits.is_cuda and not keep_logits:
