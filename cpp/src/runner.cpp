@@ -128,7 +128,8 @@ struct Runner::State {
   std::map<int64_t, std::vector<at::Tensor>> host;    // bucket -> bytes, ids, confidences, rules
   std::map<int64_t, std::pair<at::Tensor, at::Tensor>> defaults;  // requests -> T, seed zeros
   std::map<int64_t, int64_t> rows;  // slot -> cache row; rows 0..size-1 are taken
-  at::Tensor rates;                 // schedule(): SPS by tokens, on the host; or undefined
+  at::Tensor rates;                 // schedule(): SPS, on the host; or undefined
+  bool by_width = false;            // schedule(): the target charges a step by its width
   int64_t next_slot = 0;
   std::atomic<bool> busy{false};
 
@@ -304,9 +305,19 @@ at::Tensor verify_lengths(const at::Tensor& confidences, const at::Tensor& rates
       .scatter_add(0, order.div(k, "floor"), admitted.slice(0, 0, R * k).lt(count).to(at::kLong));
 }
 
+// verify_width (schedule.py): every row the same number of drafts d, the one of 0 .. k that
+// maximises tau(d) * SPS(d + 1), the fewest among equals.
+at::Tensor verify_width(const at::Tensor& confidences, const at::Tensor& rates) {
+  const int64_t R = confidences.size(0), k = confidences.size(1);
+  const at::Tensor survival = confidences.to(at::kDouble).clamp(0, 1).cumprod(-1).sum(0);
+  const at::Tensor gained = at::cat({at::zeros({1}, survival.options()), survival.cumsum(0)});
+  const at::Tensor drafts = ((gained + R) * rates.slice(0, 1, k + 2)).argmax();
+  return drafts.expand({R}).clone();
+}
+
 }  // namespace
 
-void Runner::schedule(const std::optional<at::Tensor>& steps_per_second) {
+void Runner::schedule(const std::optional<at::Tensor>& steps_per_second, bool by_width) {
   State& s = *state_;
   Exclusive exclusive(s.busy);
   const Lane& lane = s.artifact.lane;
@@ -318,7 +329,7 @@ void Runner::schedule(const std::optional<at::Tensor>& steps_per_second) {
     throw InputError("steps_per_second", "a drafter without a confidence head",
                      "a drafter with one to schedule by");
   }
-  const int64_t tokens = s.artifact.buckets.back() * (lane.k + 1) + 1;
+  const int64_t tokens = by_width ? lane.k + 2 : s.artifact.buckets.back() * (lane.k + 1) + 1;
   const at::Tensor& rates = *steps_per_second;
   if (!rates.defined() || rates.dim() != 1 || rates.size(0) < tokens ||
       rates.scalar_type() != at::kDouble) {
@@ -327,6 +338,7 @@ void Runner::schedule(const std::optional<at::Tensor>& steps_per_second) {
                      "float64 [" + std::to_string(tokens) + "] or longer (SPS at 0 tokens up)");
   }
   s.rates = rates.to(at::kCPU).contiguous();
+  s.by_width = by_width;
 }
 
 DraftOutput Runner::draft(const at::Tensor& features, const at::Tensor& num_new,
@@ -411,7 +423,10 @@ DraftOutput Runner::draft(const at::Tensor& features, const at::Tensor& num_new,
   check_rules(host[3], lane, s.capacity, features, num_new, anchor, anchor_pos, temperature, seed);
   DraftOutput out{host[1].index_select(0, index),
                   lane.confidence_head ? host[2].index_select(0, index) : at::Tensor()};
-  if (s.rates.defined()) out.lengths = verify_lengths(out.confidences, s.rates);
+  if (s.rates.defined()) {
+    out.lengths = s.by_width ? verify_width(out.confidences, s.rates)
+                             : verify_lengths(out.confidences, s.rates);
+  }
   return out;
 }
 

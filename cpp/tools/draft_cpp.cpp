@@ -1,7 +1,8 @@
 // dspark-draft-cpp ARTIFACT INPUTS OUTPUTS [--time REPEATS]: replays the rounds
 // `dspark-verify record=INPUTS` wrote through the C++ runner and writes their ids and
 // confidences to OUTPUTS (and their verify lengths, where INPUTS holds a
-// "steps_per_second" table to schedule by) (a refused round: its message, as metadata "<round>.error"), for
+// "steps_per_second" table to schedule by, and metadata "schedule_by": "width" for a target
+// that charges a step by its width) (a refused round: its message, as metadata "<round>.error"), for
 // `dspark-verify replay=OUTPUTS` to check against the host path. With --time, each bucket's
 // last drafted round is drafted REPEATS times more and the wall time of each call, in
 // microseconds, goes to metadata "b<bucket>.draft_us" (a JSON list); the Runner's
@@ -30,7 +31,10 @@ int main(int argc, char** argv) {
     const auto loading = std::chrono::steady_clock::now();
     dspark::Runner runner(argv[1], device);
     const auto sps = recorded.tensors.find("steps_per_second");
-    if (sps != recorded.tensors.end()) runner.schedule(sps->second);
+    const auto by = recorded.metadata.find("schedule_by");  // "tokens" (default) or "width"
+    if (sps != recorded.tensors.end()) {
+      runner.schedule(sps->second, by != recorded.metadata.end() && by->second == "width");
+    }
     std::map<std::string, at::Tensor> outputs;
     std::map<std::string, std::string> metadata = recorded.metadata;  // the rounds' settings
     metadata["load_s"] = std::to_string(

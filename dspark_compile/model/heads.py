@@ -97,6 +97,6 @@ class ConfidenceHead(nn.Module):
         x = torch.cat([h, prev_embeddings], dim=-1) if self.with_markov else h
         logit = F.linear(x.double(), self.proj.weight.double(), self.proj.bias.double())
         logit = logit.squeeze(-1)
-        if self.temperatures is not None:
-            logit = logit / logit.new_tensor(self.temperatures)
+        if self.temperatures is not None:  # Python floats: no tensor to upload, even in capture
+            logit = torch.stack([logit[..., j] / t for j, t in enumerate(self.temperatures)], -1)
         return torch.sigmoid(logit).float()

@@ -18,7 +18,8 @@ from dspark_compile.draft.inputs import greedy_defaults
 from dspark_compile.errors import ConfigError, InputError, RunnerBusyError
 from dspark_compile.model import Drafter
 from dspark_compile.runtime.capture import bind, byte_views, copy_into, packed
-from dspark_compile.runtime.schedule import StepsPerSecond, verify_lengths
+from dspark_compile.runtime.schedule import StepsPerSecond, scheduler
+from dspark_compile.runtime.transfer import upload
 
 
 class Runner:
@@ -69,7 +70,7 @@ class Runner:
         self._live = {b: torch.zeros(b, dtype=torch.bool, device=device) for b in self.buckets}
         self._rates = {b: torch.zeros(b * (self.lane.k + 1) + 1, dtype=torch.float64,
                                       device=device) for b in self.buckets}
-        self.scheduled = False
+        self.schedule_by: Optional[str] = None  # how schedule()'s target charges a step
         self._calls: dict[int, Callable[[], tuple[Tensor, ...]]] = {}
         # per bucket: one pinned byte buffer, and the ids, confidences, rules kept and
         # lengths (when scheduled) in it
@@ -90,26 +91,33 @@ class Runner:
             args = (self.cache.k[:bucket], self.cache.v[:bucket], *self._inputs[bucket])
             step = self._steps[bucket]
             if self.scheduled:
-                step, args = _with_lengths(step), (*args, self._live[bucket],
-                                                   self._rates[bucket])
+                step = _with_lengths(step, scheduler(self.schedule_by))
+                args = (*args, self._live[bucket], self._rates[bucket])
             self._calls[bucket] = bind(packed(step, 3 + self.scheduled), args,
                                        self._capture, pool)
             self._host[bucket] = self._downloads(bucket, self.device.type == "cuda")
 
     def schedule(self, sps: Optional[StepsPerSecond]) -> None:
         """From now on each round also returns its verify lengths (``DraftOutput.lengths``,
-        0 .. k per request): :func:`~dspark_compile.runtime.schedule.verify_lengths`
-        over the round's confidences and ``sps``, the target's verify steps per second by
-        tokens in a step, in the round's own graph. None: no lengths again."""
+        0 .. k per request), in the round's own graph: over the round's confidences and
+        ``sps``, the target's verify steps per second, Algorithm 1
+        (:func:`~dspark_compile.runtime.schedule.verify_lengths`) where the target charges a
+        step by its tokens, :func:`~dspark_compile.runtime.schedule.verify_width` where by
+        its width. None: no lengths again."""
         if sps is not None and not self.lane.confidence_head:
             raise ConfigError("schedule: the drafter has no confidence head to schedule by")
         with self._exclusive():
             if sps is not None:
                 for bucket, rates in self._rates.items():
                     rates.copy_(sps.table(len(rates) - 1, self.device))
-            if self.scheduled != (sps is not None):
-                self.scheduled = sps is not None
+            by = None if sps is None else sps.by
+            if self.schedule_by != by:
+                self.schedule_by = by
                 self._bind()
+
+    @property
+    def scheduled(self) -> bool:
+        return self.schedule_by is not None
 
     def _downloads(self, bucket: int, pinned: bool) -> tuple[Tensor, ...]:
         k = self.lane.k
@@ -184,8 +192,7 @@ class Runner:
     def layout(self, inputs: RoundInputs, slots: Sequence[int]) -> tuple[RoundInputs, Tensor]:
         """The bucket-sized round the compiled step runs, and the cache row of each input
         row: every input row at its slot's row, inert rows everywhere else."""
-        rows = torch.tensor([self._row(s) for s in slots], dtype=torch.long,
-                            device=self.device)
+        rows = upload([self._row(s) for s in slots], self.device)
         bucket = self.bucket(len(self._rows))
         features, num_new, anchor, anchor_pos, temperature, seed = inputs.tensors()
         full = RoundInputs(
@@ -288,7 +295,7 @@ class Runner:
         if rows is None:  # copies: the buffers are the next round's
             return DraftOutput(ids.clone(), _copy(confidences), _copy(probs), _copy(lengths))
         return DraftOutput(ids[rows], None if confidences is None else confidences[rows],
-                           None if probs is None else probs[rows.to(probs.device)],
+                           None if probs is None else probs[upload(rows, probs.device)],
                            None if lengths is None else lengths[rows])
 
 
@@ -296,11 +303,11 @@ def _copy(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.clone()
 
 
-def _with_lengths(step: Callable) -> Callable:
-    """``step`` taking two buffers more (the rows in the round, SPS by tokens) and returning
-    the verify lengths after the ids."""
+def _with_lengths(step: Callable, lengths: Callable) -> Callable:
+    """``step`` taking two buffers more (the rows in the round, the SPS table) and returning
+    the verify lengths that ``lengths`` schedules after the ids."""
     def run(*args: Tensor) -> tuple[Tensor, ...]:
         *inputs, live, rates = args
         ids, confidences, rules, *rest = step(*inputs)
-        return (ids, verify_lengths(confidences, rates, live), confidences, rules, *rest)
+        return (ids, lengths(confidences, rates, live), confidences, rules, *rest)
     return run

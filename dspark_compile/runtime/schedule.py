@@ -7,14 +7,16 @@ Verify lengths ``l[r]`` cost a target step of ``B = sum_r (1 + l[r])`` tokens an
 ``tau = sum_r (1 + sum_{j<l[r]} a[r, j])`` tokens in expectation; the target runs
 ``SPS(B)`` such steps a second. :func:`verify_lengths` (Algorithm 1) admits the drafts in
 order of ``a``, best first, while ``tau * SPS(B)`` grows, and stops at the first that does
-not. Everything here is tensor code of fixed shapes with no host synchronisation, so it can
-run inside a captured graph.
+not. A target that pads every row to the widest (no ragged batches) charges a step by its
+width instead: there :func:`verify_width` is exact, every row verifying the same number of
+drafts, the one that maximises ``tau * SPS(width)``. Everything here is tensor code of fixed
+shapes with no host synchronisation, so it can run inside a captured graph.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -24,12 +26,18 @@ from torch import Tensor
 @dataclass(frozen=True)
 class StepsPerSecond:
     """``SPS(B)``: the target's verify steps per second with ``B`` tokens in a step,
-    measured at some ``B`` (ascending) and linear between them, flat past the ends."""
+    measured at some ``B`` (ascending) and linear between them, flat past the ends.
+    ``by``: how the target charges a step: ``"tokens"``, by all the tokens in it (ragged
+    rows; Algorithm 1), or ``"width"``, by its widest row, every row padded to it
+    (``tokens`` then counts one row's; :func:`verify_width`)."""
 
     tokens: tuple[int, ...]
     steps_per_second: tuple[float, ...]
+    by: str = "tokens"
 
     def __post_init__(self):
+        if self.by not in ("tokens", "width"):
+            raise ValueError(f"StepsPerSecond: by={self.by!r}, expected 'tokens' or 'width'")
         if not self.tokens or len(self.tokens) != len(self.steps_per_second):
             raise ValueError("StepsPerSecond: one rate for each token count, at least one")
         if list(self.tokens) != sorted(set(self.tokens)) or self.tokens[0] < 1:
@@ -51,7 +59,7 @@ class StepsPerSecond:
         """The rates of a target that runs a step of ``B`` tokens as its fastest measured
         step of at least ``B`` (padding the rest): never slower at more tokens."""
         best = [max(self.steps_per_second[i:]) for i in range(len(self.tokens))]
-        return StepsPerSecond(self.tokens, tuple(best))
+        return replace(self, steps_per_second=tuple(best))
 
     def with_overhead(self, seconds: float) -> "StepsPerSecond":
         """The rates of a whole round: each step also spends ``seconds`` outside the
@@ -59,13 +67,24 @@ class StepsPerSecond:
         these weighs tokens against the round's time, not the pass's alone."""
         if seconds < 0:
             raise ValueError(f"StepsPerSecond: overhead {seconds} s must be >= 0")
-        return StepsPerSecond(self.tokens, tuple(1.0 / (1.0 / rate + seconds)
-                                                 for rate in self.steps_per_second))
+        return replace(self, steps_per_second=tuple(1.0 / (1.0 / rate + seconds)
+                                                    for rate in self.steps_per_second))
 
     def table(self, tokens: int, device: torch.device | str = "cpu") -> Tensor:
         """``SPS`` at 0, 1, .. ``tokens`` tokens ``[tokens + 1]`` (float64): what
-        :func:`verify_lengths` reads, made once where it runs in a captured graph."""
+        :func:`verify_lengths` and :func:`verify_width` read, made once where they run in a
+        captured graph."""
         return self(torch.arange(tokens + 1, device=device))
+
+    def lengths(self, confidences: Tensor, live: Optional[Tensor] = None) -> Tensor:
+        """The verify lengths this target's charging calls for: :func:`verify_lengths` or
+        :func:`verify_width`."""
+        return scheduler(self.by)(confidences, self, live)
+
+
+def scheduler(by: str) -> Callable[..., Tensor]:
+    """The schedule for a target that charges a step ``by`` its tokens or its width."""
+    return verify_width if by == "width" else verify_lengths
 
 
 def profile_steps_per_second(verify_step: Callable[[int], None], tokens: Sequence[int],
@@ -112,6 +131,26 @@ def verify_lengths(confidences: Tensor, sps: StepsPerSecond | Tensor,
     lengths = torch.zeros(R, dtype=torch.long, device=confidences.device).scatter_add(
         0, order // k, taken)
     return lengths if live is None else lengths * live
+
+
+def verify_width(confidences: Tensor, sps: StepsPerSecond | Tensor,
+                 live: Optional[Tensor] = None) -> Tensor:
+    """The verify lengths ``[R]`` for a target that runs every row as wide as the widest:
+    all live rows the same number of drafts (a wider pass costs each row the same, so every
+    row takes what the width allows), the number ``d`` of 0 .. k that maximises
+    ``tau(d) * SPS(d + 1)``, the fewest among equals. ``sps``: by width, or its
+    :meth:`StepsPerSecond.table` of at least ``k + 1`` tokens a row."""
+    R, k = confidences.shape
+    rates = sps.table(k + 1, confidences.device) if isinstance(sps, StepsPerSecond) else sps
+    survival = confidences.double().clamp(0, 1).cumprod(-1)
+    requests = R
+    if live is not None:
+        survival = survival * live[:, None]
+        requests = live.sum()
+    gained = torch.cat([survival.new_zeros(1), survival.sum(0).cumsum(0)])  # [k + 1]
+    drafts = ((requests + gained) * rates[1:k + 2]).argmax()
+    lengths = drafts.expand(R)
+    return lengths.clone() if live is None else lengths * live
 
 
 @dataclass(frozen=True)

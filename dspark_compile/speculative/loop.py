@@ -24,7 +24,9 @@ from dspark_compile.draft import DraftOutput, RoundInputs
 from dspark_compile.draft.sampling import sample
 from dspark_compile.errors import ConfigError, InputError
 from dspark_compile.runtime import Runner
+from dspark_compile.runtime.transfer import download, upload
 from dspark_compile.speculative.acceptance import verify_greedy, verify_sampling
+from dspark_compile.tools.timing import StreamMark
 
 FIRST_TOKEN_STREAM = (1 << 20) + 2  # the target's own first sample, apart from other noise
 
@@ -71,22 +73,6 @@ class Decoded:
     passes: int  # the target's verification passes (one a round of the rows)
 
 
-class _Mark:
-    """A point in the stream's time: a CUDA event on a GPU (read after the run), else the
-    host clock (where each call returns when its work is done)."""
-
-    def __init__(self, device: torch.device):
-        self.event = torch.cuda.Event(enable_timing=True) if device.type == "cuda" else None
-        if self.event is not None:
-            self.event.record()
-        self.host = time.perf_counter()
-
-    def seconds_to(self, later: "_Mark") -> float:
-        if self.event is None:
-            return later.host - self.host
-        return self.event.elapsed_time(later.event) / 1e3
-
-
 def pick_target_token(logits: Tensor, temperature: float, seed: Tensor, position: Tensor
                       ) -> Tensor:
     """The target's own token: argmax, or a Gumbel-max sample at the temperature (the draft
@@ -128,7 +114,24 @@ def decode(target: Target, runner: Runner, requests: Sequence[Request],
     return _Loop(target, runner, requests, temperature, schedule, lag).run()
 
 
+@dataclass
+class _Verified:
+    """A round's verification, queued on the device: what the host takes from it once the
+    next round's download shows the device is past it."""
+    rows: list[int]
+    requests: list[int]
+    accepted: Tensor  # host copies, filled by the stream
+    emitted: Tensor
+    verified: list[int]
+    kept: list[bool]  # whether each request still wanted tokens (its round counts)
+
+
 class _Loop:
+    """The rounds. The host waits for the device once a round, for the draft's download;
+    everything else it issues while the device is busy (copies through pinned memory, the
+    verification's outcome read a round later), and it launches the target's pass before
+    it does the round's bookkeeping per request."""
+
     def __init__(self, target: Target, runner: Runner, requests: Sequence[Request],
                  temperature: float, schedule: Optional[Schedule], lag: int):
         self.target, self.runner, self.requests = target, runner, requests
@@ -140,32 +143,39 @@ class _Loop:
         self.serving: list[Optional[int]] = [None] * rows  # a request's index per row
         self.slots: list[Optional[int]] = [None] * rows
         self.completions = [Completion() for _ in requests]
+        self.made = [0] * len(requests)  # tokens per request, known before their values
+        self.firsts: list[tuple[list[int], Tensor]] = []  # refills' first tokens, on the way
         self.position = torch.zeros(rows, dtype=torch.long, device=device)  # the anchor's
         self.anchor = torch.zeros(rows, dtype=torch.long, device=device)
         self.num_new = torch.zeros(rows, dtype=torch.long, device=device)
         self.seed = torch.zeros(rows, dtype=torch.long, device=device)
         self.features: Optional[Tensor] = None  # [rows, k+1, F]: each row's next context
         self.prompts: dict[int, Tensor] = {}  # a refilled row's prompt features
-        self.marks: dict[str, list[tuple[_Mark, _Mark]]] = {"draft": [], "verify": []}
+        self.marks: dict[str, list[tuple[StreamMark, StreamMark]]] = {"draft": [], "verify": []}
 
     def run(self) -> Decoded:
         start = time.perf_counter()
         self.refill(list(range(min(self.target.rows, len(self.queue)))))
-        pending = None
+        pending: Optional[_Verified] = None
         while True:
             live = [r for r in range(self.target.rows) if self.serving[r] is not None]
             if not live:
                 break
-            begin = _Mark(self.device)
+            begin = StreamMark(self.device)
             out = self.runner.draft(self.round_inputs(live), [self.slots[r] for r in live])
-            self.marks["draft"].append((begin, _Mark(self.device)))
-            done = self.take(pending) if pending else []
+            self.marks["draft"].append((begin, StreamMark(self.device)))
+            # the download above waited for everything queued before it
+            self.take_firsts()
+            done = self.finished(pending) if pending else []
             going = [i for i, r in enumerate(live) if r not in done]
-            pending = self.verify(live, going, out) if going else None
+            following = self.verify(live, going, out) if going else None
+            if pending:
+                self.record(pending)
             for row in done:
                 self.runner.release(self.slots[row])
                 self.serving[row] = self.slots[row] = None
             self.refill(done[:len(self.queue)])
+            pending = following
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         span = {name: sum(b.seconds_to(e) for b, e in marks)
@@ -182,23 +192,30 @@ class _Loop:
             return
         chosen = [self.queue.popleft() for _ in rows]
         prompts = [self.requests[i].prompt for i in chosen]
-        index = torch.tensor(rows, device=self.device)
+        index = upload(rows, self.device)
         last, features = self.target.prefill(rows, prompts)
         if self.features is None:
             self.features = features.new_zeros(self.target.rows, self.k + 1, features.shape[-1])
-        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
-        self.seed[index] = torch.tensor([self.requests[i].seed for i in chosen],
-                                        device=self.device)
+        lengths = upload([len(p) for p in prompts], self.device)
+        self.seed[index] = upload([self.requests[i].seed for i in chosen], self.device)
         first = pick_target_token(last, self.temperature, self.seed[index], lengths)
         self.anchor[index], self.position[index], self.num_new[index] = first, lengths, lengths
-        for row, request, token, prompt in zip(rows, chosen, first.tolist(), features):
+        self.firsts.append((chosen, download(first)))
+        for row, request, prompt in zip(rows, chosen, features):
             self.serving[row], self.slots[row] = request, self.runner.admit()
-            self.completions[request].tokens.append(token)
+            self.made[request] = 1
             self.prompts[row] = prompt
+
+    def take_firsts(self) -> None:
+        """The refilled requests' first tokens into their completions (call after a wait)."""
+        for requests, tokens in self.firsts:
+            for request, token in zip(requests, tokens.tolist()):
+                self.completions[request].tokens.append(token)
+        self.firsts.clear()
 
     def round_inputs(self, live: list[int]) -> RoundInputs:
         """The live rows' round: each row's accepted context rows, or its prompt."""
-        index = torch.tensor(live, device=self.device)
+        index = upload(live, self.device)
         width = max([self.k + 1] + [len(self.prompts[r]) for r in live if r in self.prompts])
         features = self.features.new_zeros(len(live), width, self.features.shape[-1])
         features[:, :self.k + 1] = self.features[index]
@@ -210,43 +227,49 @@ class _Loop:
         return RoundInputs(features.to(self.dtype), self.num_new[index], self.anchor[index],
                            self.position[index], temperature, self.seed[index])
 
-    def verify(self, live: list[int], going: list[int], out: DraftOutput) -> tuple:
+    def verify(self, live: list[int], going: list[int], out: DraftOutput) -> _Verified:
         """The target's pass over every row, the live rows' drafts checked; the rows that go
-        on move to their next round. Returns what the next round reads. With a schedule
-        the pass is as wide as the longest verify length needs (the lengths are on the host
-        already: no synchronisation)."""
-        rows, width = self.target.rows, self.k
+        on move to their next round. Returns the verification, still on its way to the
+        host. With a schedule the pass is as wide as the longest verify length needs (the
+        lengths are on the host already: no synchronisation)."""
+        rows, width = [live[i] for i in going], self.k
+        requests = [self.serving[row] for row in rows]
+        kept = [self.made[r] < self.requests[r].max_new_tokens for r in requests]
         lengths = None
         if out.lengths is not None:
             lengths = out.lengths[going]
         elif self.schedule is not None:
-            lengths = self.scheduled([live[i] for i in going], out.confidences[going])
+            lengths = self.scheduled(rows, out.confidences[going])
         if lengths is not None:
-            width, lengths = int(lengths.max()), lengths.to(self.device)
-        index = torch.tensor([live[i] for i in going], device=self.device)
-        picked = torch.tensor(going, device=self.device)
-        drafted = torch.zeros(rows, width, dtype=torch.long, device=self.device)
-        drafted[index] = out.ids.to(self.device)[picked, :width]
-        begin = _Mark(self.device)
+            width = int(lengths.max())
+        confidences = [[]] * len(rows) if out.confidences is None \
+            else out.confidences[going].tolist()
+        for request, keep, c in zip(requests, kept, confidences):  # now: a lag reads them
+            if keep:
+                self.completions[request].confidences.append(c)
+        index, picked = upload(rows, self.device), upload(going, self.device)
+        drafted = torch.zeros(self.target.rows, width, dtype=torch.long, device=self.device)
+        drafted[index] = upload(out.ids[going, :width], self.device)
+        begin = StreamMark(self.device)
         logits, features = self.target.verify(torch.cat([self.anchor[:, None], drafted], 1),
                                               self.position)
-        self.marks["verify"].append((begin, _Mark(self.device)))
+        self.marks["verify"].append((begin, StreamMark(self.device)))
         logits, position = logits[index], self.position[index]
+        device_lengths = None if lengths is None else upload(lengths, self.device)
         if self.temperature > 0:
             p = torch.softmax(logits / self.temperature, -1)
             accepted, emitted = verify_sampling(drafted[index], out.probs[picked, :width], p,
-                                                self.seed[index], position, lengths)
+                                                self.seed[index], position, device_lengths)
         else:
-            accepted, emitted = verify_greedy(drafted[index], logits.argmax(-1), lengths)
-        self.features[index] = 0
+            accepted, emitted = verify_greedy(drafted[index], logits.argmax(-1), device_lengths)
+        self.features.index_fill_(0, index, 0)  # a scalar set by index would wait
         self.features[index, :width + 1] = features[index]
         self.num_new[index] = accepted + 1
         self.anchor[index] = emitted[torch.arange(len(going), device=self.device), accepted]
         self.position[index] = position + accepted + 1
-        confidences = out.confidences[going] if out.confidences is not None else None
-        verified = lengths if lengths is not None else torch.full_like(accepted, self.k)
-        return [live[i] for i in going], [self.serving[live[i]] for i in going], accepted, \
-            emitted, confidences, verified
+        verified = lengths.tolist() if lengths is not None else [self.k] * len(rows)
+        return _Verified(rows, requests, download(accepted), download(emitted), verified,
+                         kept)
 
     def scheduled(self, rows: list[int], confidences: Tensor) -> Tensor:
         """The host schedule's lengths for ``rows``, from this round's confidences or, with a
@@ -259,21 +282,23 @@ class _Loop:
         fresh = torch.tensor([len(h) < self.lag for h in history])
         return lengths.masked_fill(fresh, self.k)
 
-    def take(self, pending: tuple) -> list[int]:
-        """The previous round's verified tokens into their requests (those not yet done);
-        the rows whose requests are now done."""
-        rows, requests, accepted, emitted, confidences, verified = pending
-        accepted, emitted, verified = accepted.tolist(), emitted.tolist(), verified.tolist()
+    def finished(self, pending: _Verified) -> list[int]:
+        """The rows whose requests the previous round completed (its outcome is on the host
+        by now: the round's download waited for it)."""
         done = []
-        for i, (row, request) in enumerate(zip(rows, requests)):
-            completion = self.completions[request]
-            wanted = self.requests[request].max_new_tokens
-            if len(completion.tokens) < wanted:
-                completion.accepted.append(accepted[i])
-                completion.verified.append(verified[i])
-                completion.confidences.append(
-                    confidences[i].tolist() if confidences is not None else [])
-                completion.tokens += emitted[i][:accepted[i] + 1]
-            if len(completion.tokens) >= wanted:
+        for row, request, keep, accepted in zip(pending.rows, pending.requests, pending.kept,
+                                                pending.accepted.tolist()):
+            self.made[request] += (accepted + 1) * keep
+            if self.made[request] >= self.requests[request].max_new_tokens:
                 done.append(row)
         return done
+
+    def record(self, pending: _Verified) -> None:
+        """The previous round's accepted tokens into the requests it counted for."""
+        accepted, emitted = pending.accepted.tolist(), pending.emitted.tolist()
+        for i, (request, keep) in enumerate(zip(pending.requests, pending.kept)):
+            if keep:
+                completion = self.completions[request]
+                completion.accepted.append(accepted[i])
+                completion.verified.append(pending.verified[i])
+                completion.tokens += emitted[i][:accepted[i] + 1]

@@ -9,6 +9,7 @@ from typing import Optional
 
 import torch
 
+from dspark_compile.runtime.transfer import upload
 from dspark_compile.speculative import pick_target_token
 from llama import StaticLlama, captured
 
@@ -73,9 +74,9 @@ def target_alone_refilled(model, prompts, new_tokens: list[int], temperature: fl
     def refill(free: list[int]) -> None:
         chosen = [queue.popleft() for _ in free]
         logits, _, lengths = llama.prefill([prompts[i] for i in chosen], free)
-        index = torch.tensor(free, device=device)
+        index = upload(free, device)
         last[index], position[index] = logits, lengths
-        seed[index], active[index] = torch.tensor(chosen, device=device), True
+        seed[index], active[index] = upload(chosen, device), True
         for row, request in zip(free, chosen):
             serving[row], left[row] = request, new_tokens[request]
 
@@ -93,7 +94,7 @@ def target_alone_refilled(model, prompts, new_tokens: list[int], temperature: fl
         for row in ended:
             serving[row] = None
         if ended:
-            active[torch.tensor(ended, device=device)] = False
+            active.index_fill_(0, upload(ended, device), False)
         if ended and queue:
             refill(ended[:len(queue)])
     sync()

@@ -22,11 +22,10 @@ from data import DATA, load
 from dspark_compile import lane_config, load_checkpoint, load_runner
 from dspark_compile.compile import build_artifact
 from dspark_compile.speculative import Request, decode
-from dspark_compile.runtime.schedule import verify_lengths
 from alone import cache_slots, sync, target_alone, target_alone_refilled
 from llama import LlamaTarget
-from scheduling import (calibration, fastest_widths, fixed_length, overlaps_recorded,
-                        sampler_check, steps_per_second)
+from scheduling import (by_width, calibration, fastest_widths, fixed_length,
+                        overlaps_recorded, sampler_check, steps_per_second)
 from target import LANE, load_target
 
 
@@ -171,11 +170,14 @@ def main() -> None:
     parser.add_argument("--schedule", action="store_true",
                         help="STS fitted on a run of the drafter first (eager backend, the "
                              "first batch, every draft) and built into the artifacts (at "
-                             "T > 0 the same run checks the sampler); then also per request "
-                             "the drafts Algorithm 1 picks, in the runner's graph, and (5.2) "
-                             "from each request's confidences of two rounds before, on the "
-                             "host, over the round's rates: the target's profiled SPS, padded, "
-                             "with the every-draft arm's time outside the pass added")
+                             "T > 0 the same run checks the sampler); then also the drafts "
+                             "Algorithm 1 picks per request (SPS by tokens) and the width "
+                             "schedule picks (SPS by width: this target pads every row to "
+                             "the widest), both in the runner's graph, and the width "
+                             "schedule (5.2) from each request's confidences of two rounds "
+                             "before, on the host; over the round's rates: the target's "
+                             "profiled SPS, padded, with the every-draft arm's time outside "
+                             "the pass added")
     parser.add_argument("--pad", action=argparse.BooleanOptionalAction, default=True,
                         help="the speculative arms' target runs each verify width as the "
                              "fastest profiled width at least as wide")
@@ -245,16 +247,18 @@ def main() -> None:
                     every.update(calibrations.get(temperature, {}))
                     for fixed in args.fixed_lengths:
                         arm(f"{fixed} drafts", functools.partial(fixed_length, fixed))
-                    if scheduling:  # Algorithm 1 weighs tokens against the whole round
-                        rates = (sps.padded() if args.pad else sps).with_overhead(
-                            every["outside_pass_ms"] / 1e3)
-                        runner.schedule(rates)
-                        arm("algorithm 1")["sps"] = dict(
-                            profiled=dict(zip(sps.tokens, sps.steps_per_second)),
-                            round=dict(zip(rates.tokens, rates.steps_per_second)))
-                        runner.schedule(None)
-                        arm("algorithm 1, confidences two rounds old",
-                            lambda c: verify_lengths(c, rates), lag=2)
+                    if scheduling:  # both weigh tokens against the whole round
+                        outside = every["outside_pass_ms"] / 1e3
+                        for name, profiled in (("algorithm 1", sps),
+                                               ("by width", by_width(sps, batch))):
+                            rates = (profiled.padded() if args.pad else profiled
+                                     ).with_overhead(outside)
+                            runner.schedule(rates)
+                            arm(name)["sps"] = dict(
+                                profiled=dict(zip(profiled.tokens, profiled.steps_per_second)),
+                                round=dict(zip(rates.tokens, rates.steps_per_second)))
+                        runner.schedule(None)  # the target pads: 5.2 over the width's rates
+                        arm("by width, confidences two rounds old", rates.lengths, lag=2)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(dict(rows=rows, lane=drafter.lane.to_dict()), indent=2))
     print(args.out)

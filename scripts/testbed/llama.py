@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from dspark_compile.runtime.transfer import upload
+
 
 class StaticLlama:
     def __init__(self, model: torch.nn.Module, batch: int, slots: int, taps: list[int]):
@@ -33,12 +35,13 @@ class StaticLlama:
         len(prompts) - 1, which must then be all of them): each prompt's last logits, its
         features, and the prompts' lengths."""
         device = self.k.device
-        lengths = torch.tensor([len(p) for p in prompts], device=device)
-        tokens = torch.zeros(len(prompts), int(lengths.max()), dtype=torch.long, device=device)
+        tokens = torch.zeros(len(prompts), max(map(len, prompts)), dtype=torch.long)
         for row, prompt in enumerate(prompts):
             tokens[row, :len(prompt)] = torch.tensor(prompt)
-        logits, features = self.forward(tokens, torch.zeros_like(lengths),
-                                        None if rows is None else torch.tensor(rows, device=device))
+        # queued, not waited for: a refill's prompts go in while a pass still runs
+        lengths = upload([len(p) for p in prompts], device)
+        logits, features = self.forward(upload(tokens, device), torch.zeros_like(lengths),
+                                        None if rows is None else upload(rows, device))
         return logits[torch.arange(len(prompts), device=device), lengths - 1], features, lengths
 
     @torch.no_grad()

@@ -43,6 +43,13 @@ def steps_per_second(model, batch: int, graphs: bool, k: int, taps, slots: int, 
     return profile_steps_per_second(verify_step, [batch * n for n in range(1, k + 2)])
 
 
+def by_width(sps: StepsPerSecond, batch: int) -> StepsPerSecond:
+    """``sps`` of ``batch`` rows (one rate per width, by tokens in all) by a row's tokens:
+    the rates of the width schedule, for a target that pads every row to the widest."""
+    return StepsPerSecond(tuple(t // batch for t in sps.tokens), sps.steps_per_second,
+                          by="width")
+
+
 def fastest_widths(sps: StepsPerSecond, batch: int) -> dict[int, int]:
     """Per verify width of ``batch`` rows, the width at least as wide that ``sps`` (one
     measured rate per width) ran fastest: what ``LlamaTarget``'s ``pad`` takes, and what

@@ -140,6 +140,35 @@ def test_the_cpp_runner_drafts_the_python_runners_bits_and_passes_the_replay(
     assert len(lengths) > 1  # the schedule verifies more of some rows than of others
 
 
+def test_the_cpp_runner_schedules_by_width_as_the_python_runner_does(
+        draft_cpp, built_artifact, device, tmp_path):
+    """A target that charges a step by its widest row: metadata ``schedule_by=width`` and a
+    table by a row's tokens, the C++ runner's lengths equal to the Python runner's."""
+    artifact = built_artifact("aoti", LANE)
+    rounds, outputs = tmp_path / "rounds.safetensors", tmp_path / "outputs.safetensors"
+    record_rounds(artifact, rounds, device.type, ROUNDS, seed=SEED, temperature=1.0)
+    with safe_open(str(rounds), framework="pt") as f:
+        recorded, metadata = {n: f.get_tensor(n) for n in f.keys()}, f.metadata()
+    widths = tuple(range(1, 7))  # k + 1 = 6; the rows of bucket 3 affine in 3 x width
+    sps = StepsPerSecond(widths, tuple(1 / (3.0 + 2.1 * w) for w in widths), by="width")
+    recorded["steps_per_second"] = sps.table(6)
+    save_file(recorded, str(rounds), metadata=metadata | {"schedule_by": "width"})
+    result = draft_in_cpp(draft_cpp, artifact, rounds, outputs)
+    assert result.returncode == 0, result.stderr
+    drafted = load_file(outputs)
+    runner = load_runner(artifact, device)
+    runner.schedule(sps)
+    lengths = set()
+    for bucket, batch, inputs in plan(runner.lane, runner.buckets, ROUNDS, 24, SEED, 1.0,
+                                      device.type):
+        slots = [runner.admit() for _ in range(batch)]
+        for index, round_inputs in enumerate(inputs):
+            out = runner.draft(round_inputs, slots)
+            assert torch.equal(out.lengths, drafted[f"b{bucket}.r{index}.lengths"]), index
+            lengths.update(out.lengths.tolist())
+    assert len(lengths) > 1  # rounds of several widths
+
+
 def test_the_check_script_follows_this_torch_and_writes_only_its_out(draft_cpp, built_artifact,
                                                                      device, tmp_path):
     """scripts/cpp_runner_check.py (the README's C++ section presents it), with its own

@@ -16,7 +16,7 @@ from dspark_compile.runtime import load_runner, schedule
 from dspark_compile.tools.rounds import synthetic_rounds
 from dspark_compile.tools.timing import launches
 from dspark_compile.runtime.schedule import (StepsPerSecond, fit_position_temperatures,
-                                                 survival_errors, verify_lengths)
+                                             survival_errors, verify_lengths, verify_width)
 
 
 def value(confidences: torch.Tensor, lengths, sps: StepsPerSecond) -> float:
@@ -91,6 +91,46 @@ def test_algorithm_1_over_a_rounds_rates_maximises_tokens_per_second_of_the_roun
     assert sum(verify_lengths(confidences, sps).tolist()) <= sum(lengths)
 
 
+def padded_value(confidences: torch.Tensor, lengths, sps: StepsPerSecond) -> float:
+    """tau * SPS(width) of verify lengths for a target that pads every row to the widest."""
+    tau = sum(1 + sum(float(np.prod(row[:j + 1])) for j in range(l))
+              for row, l in zip(confidences.double().tolist(), lengths))
+    return tau * float(sps(torch.tensor([max(lengths) + 1]))[0])
+
+
+@pytest.mark.parametrize("requests,k,seed", [(1, 4, 0), (2, 3, 1), (3, 3, 2), (4, 2, 3)])
+def test_the_width_schedule_finds_the_best_lengths_for_a_padded_target(
+        requests, k, seed, device):
+    """Against every length vector, where a pass costs by its widest row: a rate by width
+    that dips and recovers (no early stop can be right here), and the brute force's value
+    reached; among equal values the fewest drafts."""
+    generator = torch.Generator().manual_seed(seed)
+    confidences = torch.rand(requests, k, generator=generator) * 0.6 + 0.35
+    widths = tuple(range(1, k + 2))
+    sps = StepsPerSecond(widths, tuple(float(r) for r in
+                                       torch.rand(k + 1, generator=generator) * 50 + 50),
+                         by="width")
+    lengths = verify_width(confidences.to(device), sps).cpu().tolist()
+    best = max(padded_value(confidences, ls, sps)
+               for ls in itertools.product(range(k + 1), repeat=requests))
+    assert padded_value(confidences, lengths, sps) == pytest.approx(best, rel=1e-12)
+    assert len(set(lengths)) == 1 and sps.lengths(confidences).tolist() == lengths
+    flat = StepsPerSecond(widths, (60.0,) * (k + 1), by="width")  # every width costs alike
+    assert verify_width(torch.zeros(requests, k), flat).tolist() == [0] * requests
+
+
+def test_the_width_schedule_counts_only_the_live_rows():
+    """Two rows out: their confidences (high) must not buy a width the live row's (low) do
+    not pay for; the rows out verify nothing."""
+    confidences = torch.tensor([[0.1, 0.1], [0.99, 0.99], [0.99, 0.99]])
+    live = torch.tensor([True, False, False])
+    sps = StepsPerSecond((1, 2, 3), (100.0, 80.0, 70.0), by="width")
+    assert verify_width(confidences, sps, live).tolist() == [0, 0, 0]
+    assert verify_width(confidences, sps).tolist() == [2, 2, 2]  # all live: worth it
+    with pytest.raises(ValueError, match="by="):
+        StepsPerSecond((1,), (1.0,), by="rows")
+
+
 def test_steps_per_second_interpolates_as_numpy_does():
     sps = StepsPerSecond((1, 4, 16, 64), (900.0, 850.0, 600.0, 200.0))
     tokens = torch.tensor([0, 1, 2, 3, 4, 10, 16, 40, 64, 100])
@@ -133,29 +173,54 @@ def test_position_temperatures_lower_the_calibration_error_on_held_out_rounds():
     assert sts.temperatures[0] == pytest.approx(2.5, rel=0.25)
 
 
-def test_a_scheduled_runner_returns_algorithm_1s_lengths_over_its_rounds_rows(
-        built_artifact, device):
-    """The lengths a scheduled round returns are Algorithm 1's over the confidences of the
-    requests in the round only (the bucket's other rows neither counted nor verified),
-    with its rows laid out or in order; one graph replay and one download still."""
-    runner = load_runner(built_artifact("eager", "tiny"), device)
-    sps = affine_sps(3, runner.lane.k)
-    runner.schedule(sps)
+def rounds_of_three_rows(runner, rounds):
+    """Each round's output, its rows alternately all three in order and two laid out."""
     slots = [runner.admit() for _ in range(3)]
-    rounds = list(synthetic_rounds(runner.lane, 3, 20, 6, 4, device))
-    seen = set()
     for index, inputs in enumerate(rounds):
-        chosen = [0, 1, 2] if index % 2 else [2, 0]  # in row order, and two of three
+        chosen = [0, 1, 2] if index % 2 else [2, 0]
         picked = RoundInputs(*(t[chosen] for t in inputs.tensors()))
-        out = runner.draft(picked, [slots[i] for i in chosen])
-        assert torch.equal(out.lengths, verify_lengths(out.confidences, sps))
-        seen.update(out.lengths.tolist())
-    assert len(seen) > 1  # lengths that differ: a wrong count of requests would show
+        yield runner.draft(picked, [slots[i] for i in chosen]), picked, [slots[i] for i in chosen]
+
+
+def steps_per_second(by: str, per_token: float, k: int) -> StepsPerSecond:
+    """A step that costs a fixed time plus one per token: by tokens, B of three rows; by
+    width, three rows each as wide as the widest."""
+    if by == "width":
+        widths = tuple(range(1, k + 2))
+        return StepsPerSecond(widths, tuple(1.0 / (3.0 + 3 * per_token * w) for w in widths),
+                              by="width")
+    tokens = tuple(range(1, 3 * (k + 1) + 1))
+    return StepsPerSecond(tokens, tuple(1.0 / (3.0 + per_token * b) for b in tokens))
+
+
+@pytest.mark.parametrize("by", ["tokens", "width"])
+def test_a_scheduled_runner_returns_its_schedules_lengths_over_its_rounds_rows(
+        built_artifact, device, by):
+    """The lengths a scheduled round returns are Algorithm 1's (by tokens) or the width
+    schedule's over the confidences of the requests in the round only (the bucket's other
+    rows neither counted nor verified), with its rows laid out or in order; one graph
+    replay and one download still."""
+    path = built_artifact("eager", "tiny")
+    k = lane_config("tiny").k
+    rounds = list(synthetic_rounds(lane_config("tiny"), 3, 20, 6, 4, device))
+    plain = [out.confidences for out, *_ in rounds_of_three_rows(load_runner(path, device),
+                                                                  rounds)]
+    # a cost per token under which these confidences get lengths that differ (a wrong count
+    # of requests would then show), whatever the device's rounding made of them
+    varied = [c for c in (0.1, 0.3, 0.7, 1.5, 3.0, 8.0) if len(set(
+        torch.cat([steps_per_second(by, c, k).lengths(x) for x in plain]).tolist())) > 1]
+    assert varied, "no cost per token gives lengths that differ"
+    sps = steps_per_second(by, varied[0], k)
+    runner = load_runner(path, device)
+    runner.schedule(sps)
+    for (out, picked, slots), confidences in zip(rounds_of_three_rows(runner, rounds), plain):
+        assert torch.equal(out.confidences, confidences)
+        assert torch.equal(out.lengths, sps.lengths(confidences))
     if device.type == "cuda":
-        graphs, _ = launches(lambda: runner.draft(picked, [slots[i] for i in chosen]), device)
+        graphs, _ = launches(lambda: runner.draft(picked, slots), device)
         assert graphs == 1
     runner.schedule(None)
-    assert runner.draft(picked, [slots[i] for i in chosen]).lengths is None
+    assert runner.draft(picked, slots).lengths is None
 
 
 def test_position_temperatures_apply_in_the_built_step_and_key_the_artifact(

@@ -19,7 +19,7 @@ from data import generate  # noqa: E402
 from e2e import baseline, cache_slots, measure, speculative, target_alone  # noqa: E402
 from evaluate import held_out_blocks, statistics, validate  # noqa: E402
 from llama import LlamaTarget  # noqa: E402
-from scheduling import (calibration, fastest_widths, fixed_length,  # noqa: E402
+from scheduling import (by_width, calibration, fastest_widths, fixed_length,  # noqa: E402
                         overlaps_recorded, sampler_check, steps_per_second)
 from train import train  # noqa: E402
 
@@ -162,6 +162,9 @@ def test_each_width_runs_as_the_fastest_at_least_as_wide():
     # widths 1..4 of 2 rows: width 2 is slow, 3 the fastest of 2 and wider
     sps = StepsPerSecond((2, 4, 6, 8), (10.0, 4.0, 8.0, 8.0))
     assert fastest_widths(sps, 2) == {1: 1, 2: 3, 3: 3, 4: 4}
+    widths = by_width(sps, 2)  # the same rates, by a row's tokens
+    assert (widths.tokens, widths.steps_per_second, widths.by) == (
+        (1, 2, 3, 4), sps.steps_per_second, "width")
 
 
 def test_the_sampler_check_counts_acceptance_where_each_position_was_reached():

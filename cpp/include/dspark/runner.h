@@ -67,9 +67,10 @@ class Runner {
 
   // From now on each round also returns its verify lengths: Algorithm 1 over the round's
   // confidences and the target's verify steps per second by tokens in a step, float64
-  // [largest bucket * (k+1) + 1] from 0 tokens up (Python: StepsPerSecond.table). nullopt:
+  // [largest bucket * (k+1) + 1] from 0 tokens up (Python: StepsPerSecond.table); with
+  // by_width, the width schedule over SPS by a row's tokens, [k + 2] or longer. nullopt:
   // no lengths again. The Python runner's schedule(), the same lengths.
-  void schedule(const std::optional<at::Tensor>& steps_per_second);
+  void schedule(const std::optional<at::Tensor>& steps_per_second, bool by_width = false);
 
   std::vector<int64_t> slots() const;  // the admitted slots, ascending
   std::vector<int64_t> buckets() const;

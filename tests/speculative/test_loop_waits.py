@@ -1,0 +1,95 @@
+"""The loop's host waits for the device once a round, at the draft's download, so the
+target's pass is still running while the host issues the next round. A table target
+(each token's logits and features looked up, nothing synchronised of its own) leaves the
+loop's own waits to count, with CUDA's sync debug mode."""
+
+import warnings
+
+import pytest
+import torch
+
+from dspark_compile.checkpoint import random_drafter
+from dspark_compile.compile import build_artifact
+from dspark_compile.config import lane_config
+from dspark_compile.runtime import load_runner
+from dspark_compile.runtime.transfer import upload
+from dspark_compile.speculative import Request, decode
+
+
+class TableTarget:
+    """A bigram model: a token's next-token logits and its features are rows of two random
+    tables, whatever came before it. Its greedy text is the walk of argmax over the rows."""
+
+    def __init__(self, vocab: int, feature_size: int, rows: int, device: torch.device):
+        generator = torch.Generator().manual_seed(11)
+        self.logits = torch.randn(vocab, vocab, generator=generator).to(device)
+        self.features = torch.randn(vocab, feature_size, generator=generator).to(device)
+        self.rows, self.device = rows, device
+
+    def prefill(self, rows, prompts):
+        tokens = torch.zeros(len(prompts), max(map(len, prompts)), dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            tokens[i, :len(prompt)] = torch.tensor(prompt)
+        last = upload([prompt[-1] for prompt in prompts], self.device)
+        return self.logits[last], self.features[upload(tokens, self.device)]
+
+    def verify(self, tokens, start):
+        return self.logits[tokens], self.features[tokens]
+
+    def greedy(self, prompt: list[int], new_tokens: int) -> list[int]:
+        out, token = [], prompt[-1]
+        for _ in range(new_tokens):
+            token = int(self.logits[token].argmax())
+            out.append(token)
+        return out
+
+
+def decoded(device, rows: int, requests: list[Request], directory, temperature: float = 0.0):
+    lane = lane_config("tiny")
+    drafter = random_drafter(lane, device, seed=0)
+    path, _ = build_artifact(drafter, "eager", [rows], directory, with_probs=temperature > 0)
+    runner = load_runner(path, device)
+    target = TableTarget(lane.target_vocab_size, lane.feature_size, rows, device)
+    return target, runner, lambda: decode(target, runner, requests, temperature)
+
+
+REQUESTS = [Request([1, 2, 3], 24), Request([400, 17, 9], 9), Request(list(range(40, 60)), 17),
+            Request([5], 1), Request([8, 8], 30)]
+
+
+def test_greedy_output_is_the_table_targets_walk_with_rows_refilled(device, tmp_path):
+    target, _, run = decoded(device, 2, REQUESTS, tmp_path)
+    for request, completion in zip(REQUESTS, run().completions):
+        assert completion.tokens == target.greedy(request.prompt, request.max_new_tokens)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="waits for the device exist only on a GPU (DSPARK_TEST_DEVICE=cuda)")
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_round_waits_for_the_device_once(tmp_path, monkeypatch, temperature):
+    device = torch.device("cuda")
+    target, runner, run = decoded(device, 2, REQUESTS, tmp_path, temperature)
+    rounds = []
+    draft = runner.draft
+
+    def counted(inputs, slots):
+        rounds.append(inputs.features.shape[1] != runner.lane.k + 1)  # a prompt round
+        return draft(inputs, slots)
+    monkeypatch.setattr(runner, "draft", counted)
+    run()  # once untimed: lazy initialisation may wait
+    rounds.clear()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    waits = [w for w in caught if "synchronizing" in str(w.message)]
+    # the download of each round; a prompt round's rules, checked before its prompt is
+    # appended; the end of the run
+    assert len(waits) <= len(rounds) + sum(rounds) + 1, [str(w.message) for w in waits][:5]
+    for request, completion in zip(REQUESTS, result.completions):
+        assert len(completion.tokens) == request.max_new_tokens
+        if not temperature:
+            assert completion.tokens == target.greedy(request.prompt, request.max_new_tokens)
