@@ -125,19 +125,25 @@ def test_the_cpp_runner_drafts_the_python_runners_bits_and_passes_the_replay(
     assert report["tokens_compared"] == ROUNDS * 2 * 5  # bucket 3 drafts for 2, k = 5
 
     drafted = load_file(outputs)
+    lengths = set()
+    for key, out in scheduled_rounds(artifact, device, sps):
+        assert torch.equal(out.ids, drafted[f"{key}.ids"]), key
+        assert torch.equal(out.confidences, drafted[f"{key}.confidences"]), key
+        assert torch.equal(out.lengths, drafted[f"{key}.lengths"]), key
+        lengths.update(out.lengths.tolist())
+    assert len(lengths) > 1  # the schedule verifies more of some rows than of others
+
+
+def scheduled_rounds(artifact, device, sps: StepsPerSecond):
+    """The recorded rounds' plan through the Python runner scheduled by ``sps``: each
+    round's key in the C++ tool's outputs, and its output."""
     runner = load_runner(artifact, device)
     runner.schedule(sps)
-    lengths = set()
     for bucket, batch, inputs in plan(runner.lane, runner.buckets, ROUNDS, 24, SEED, 1.0,
                                       device.type):
         slots = [runner.admit() for _ in range(batch)]
         for index, round_inputs in enumerate(inputs):
-            out = runner.draft(round_inputs, slots)
-            assert torch.equal(out.ids, drafted[f"b{bucket}.r{index}.ids"]), index
-            assert torch.equal(out.confidences, drafted[f"b{bucket}.r{index}.confidences"]), index
-            assert torch.equal(out.lengths, drafted[f"b{bucket}.r{index}.lengths"]), index
-            lengths.update(out.lengths.tolist())
-    assert len(lengths) > 1  # the schedule verifies more of some rows than of others
+            yield f"b{bucket}.r{index}", runner.draft(round_inputs, slots)
 
 
 def test_the_cpp_runner_schedules_by_width_as_the_python_runner_does(
@@ -156,16 +162,10 @@ def test_the_cpp_runner_schedules_by_width_as_the_python_runner_does(
     result = draft_in_cpp(draft_cpp, artifact, rounds, outputs)
     assert result.returncode == 0, result.stderr
     drafted = load_file(outputs)
-    runner = load_runner(artifact, device)
-    runner.schedule(sps)
     lengths = set()
-    for bucket, batch, inputs in plan(runner.lane, runner.buckets, ROUNDS, 24, SEED, 1.0,
-                                      device.type):
-        slots = [runner.admit() for _ in range(batch)]
-        for index, round_inputs in enumerate(inputs):
-            out = runner.draft(round_inputs, slots)
-            assert torch.equal(out.lengths, drafted[f"b{bucket}.r{index}.lengths"]), index
-            lengths.update(out.lengths.tolist())
+    for key, out in scheduled_rounds(artifact, device, sps):
+        assert torch.equal(out.lengths, drafted[f"{key}.lengths"]), key
+        lengths.update(out.lengths.tolist())
     assert len(lengths) > 1  # rounds of several widths
 
 
