@@ -12,14 +12,14 @@ import torch
 from torch import Tensor
 
 from dspark_compile.config import LaneConfig
-from dspark_compile.draft import DraftOutput, KVCache, RoundInputs
-from dspark_compile.draft.checks import RULES, check_input_shapes, check_rules, round_rules
+from dspark_compile.draft import DraftOutput, KVCache, PrefillStep, RoundInputs
+from dspark_compile.draft.checks import RULES, check_input_shapes, check_rules
 from dspark_compile.draft.inputs import greedy_defaults
 from dspark_compile.errors import ConfigError, InputError, RunnerBusyError
 from dspark_compile.model import Drafter
 from dspark_compile.runtime.capture import bind, byte_views, copy_into, packed
 from dspark_compile.runtime.schedule import StepsPerSecond, scheduler
-from dspark_compile.runtime.transfer import upload
+from dspark_compile.runtime.transfer import download, upload
 
 
 class Runner:
@@ -56,6 +56,7 @@ class Runner:
         self.load_seconds: dict[str, float] = {}  # load_runner's phases
         self.lane: LaneConfig = drafter.lane
         self.drafter = drafter
+        self._prefill = PrefillStep(drafter)  # a prompt round's append, eager
         self.buckets = sorted(steps)
         self.device = device
         self.cache = KVCache.allocate(self.lane, self.buckets[-1], device)
@@ -271,15 +272,14 @@ class Runner:
         """One bucket-sized round ``full`` that holds the caller's ``inputs`` at the cache
         rows ``rows`` (None: all of them, in order); every output on the host except q.
         A round whose values break a rule of ``round_rules`` raises after it ran inert, so
-        it changed no context."""
+        it changed no context (a prompt round's append too: it waits for nothing)."""
         bucket, slots = full.features.shape[0], self.cache.k.shape[-2]
         static = self._inputs[bucket]
         tensors = full.tensors()
+        prompt_kept = None
         if full.features.shape[1] != self.lane.k + 1:  # prefill: append the prompt eagerly
-            kept = round_rules(self.lane, slots, *tensors).tolist()
-            check_rules(self.lane, slots, inputs, kept)
-            self.drafter.append_context(self.cache.k[:bucket], self.cache.v[:bucket],
-                                        *tensors[:2], full.anchor_pos)
+            prompt_kept = download(self._prefill(self.cache.k[:bucket], self.cache.v[:bucket],
+                                                 *tensors))
             tensors = (static[0], torch.zeros_like(full.num_new), *tensors[2:])
         copy_into(static, tensors, self._input_bytes[bucket])
         outputs = self._calls[bucket]()
@@ -287,6 +287,8 @@ class Runner:
         host.copy_(outputs[0], non_blocking=True)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
+        if prompt_kept is not None:
+            check_rules(self.lane, slots, inputs, prompt_kept.tolist())
         check_rules(self.lane, slots, inputs, kept.tolist())
         probs = outputs[1] if len(outputs) > 1 else None
         if not self.lane.confidence_head:  # the drafter has none: the step's NaNs stay
