@@ -24,9 +24,9 @@ from dspark_compile.draft import DraftOutput, RoundInputs
 from dspark_compile.draft.sampling import sample
 from dspark_compile.errors import ConfigError, InputError
 from dspark_compile.runtime import Runner
+from dspark_compile.runtime.marks import StreamMark
 from dspark_compile.runtime.transfer import download, upload
 from dspark_compile.speculative.acceptance import verify_greedy, verify_sampling
-from dspark_compile.tools.timing import StreamMark
 
 FIRST_TOKEN_STREAM = (1 << 20) + 2  # the target's own first sample, apart from other noise
 
