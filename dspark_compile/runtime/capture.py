@@ -3,6 +3,7 @@ GPU: the one place the runtime captures."""
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -46,6 +47,17 @@ def packed(step: Callable, count: int) -> Callable:
         return (torch.cat([t.reshape(-1).view(torch.uint8) for t in outputs[:count]]),
                 *outputs[count:])
     return run
+
+
+def host_views(layout: Sequence[tuple[tuple[int, ...], torch.dtype]], pinned: bool
+               ) -> tuple[Tensor, list[Tensor]]:
+    """One host byte buffer for what :func:`packed` returns, and a view of each output in
+    it: ``layout`` their shapes and dtypes, in order (each at an offset its dtype
+    divides)."""
+    sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in layout]
+    host = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=pinned)
+    return host, [part.view(dtype).view(shape)
+                  for part, (shape, dtype) in zip(host.split(sizes), layout)]
 
 
 def byte_views(tensors: Sequence[Tensor]) -> list[Tensor]:

@@ -17,8 +17,8 @@ from dspark_compile.draft.checks import RULES, check_input_shapes, check_rules
 from dspark_compile.draft.inputs import greedy_defaults
 from dspark_compile.errors import ConfigError, InputError, RunnerBusyError
 from dspark_compile.model import Drafter
-from dspark_compile.runtime.capture import bind, byte_views, copy_into, packed
-from dspark_compile.runtime.schedule import StepsPerSecond, scheduler
+from dspark_compile.runtime.capture import bind, byte_views, copy_into, host_views, packed
+from dspark_compile.runtime.schedule import StepsPerSecond, scheduler, with_lengths
 from dspark_compile.runtime.transfer import download, upload
 
 
@@ -92,7 +92,7 @@ class Runner:
             args = (self.cache.k[:bucket], self.cache.v[:bucket], *self._inputs[bucket])
             step = self._steps[bucket]
             if self.scheduled:
-                step = _with_lengths(step, scheduler(self.schedule_by))
+                step = with_lengths(step, scheduler(self.schedule_by))
                 args = (*args, self._live[bucket], self._rates[bucket])
             self._calls[bucket] = bind(packed(step, 3 + self.scheduled), args,
                                        self._capture, pool)
@@ -121,15 +121,13 @@ class Runner:
         return self.schedule_by is not None
 
     def _downloads(self, bucket: int, pinned: bool) -> tuple[Tensor, ...]:
+        """The bucket's pinned host buffer and its ids, confidences, rules kept (and
+        lengths), in the order :func:`packed` lays them out."""
         k = self.lane.k
-        # int64 ids (and lengths), float32 confidences, bool rules: each at an offset that
-        # its dtype divides
-        sizes = (bucket * k * 8, *(bucket * 8,) * self.scheduled, bucket * k * 4, len(RULES))
-        host = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=pinned)
-        ids, *lengths, confidences, kept = host.split(sizes)
-        return (host, ids.view(torch.long).view(bucket, k),
-                confidences.view(torch.float32).view(bucket, k), kept.view(torch.bool),
-                *(t.view(torch.long) for t in lengths))
+        host, (ids, *lengths, confidences, kept) = host_views(
+            [((bucket, k), torch.long), *[((bucket,), torch.long)] * self.scheduled,
+             ((bucket, k), torch.float32), ((len(RULES),), torch.bool)], pinned)
+        return (host, ids, confidences, kept, *lengths)
 
     def _inert(self, bucket: int) -> tuple[Tensor, ...]:
         lane, device = self.lane, self.device
@@ -304,12 +302,3 @@ class Runner:
 def _copy(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.clone()
 
-
-def _with_lengths(step: Callable, lengths: Callable) -> Callable:
-    """``step`` taking two buffers more (the rows in the round, the SPS table) and returning
-    the verify lengths that ``lengths`` schedules after the ids."""
-    def run(*args: Tensor) -> tuple[Tensor, ...]:
-        *inputs, live, rates = args
-        ids, confidences, rules, *rest = step(*inputs)
-        return (ids, lengths(confidences, rates, live), confidences, rules, *rest)
-    return run

@@ -87,6 +87,17 @@ def scheduler(by: str) -> Callable[..., Tensor]:
     return verify_width if by == "width" else verify_lengths
 
 
+def with_lengths(step: Callable, lengths: Callable) -> Callable:
+    """``step`` taking two buffers more (the rows in the round, the SPS table) and returning
+    the verify lengths that ``lengths`` schedules after the ids: a draft step with its
+    schedule, in one graph."""
+    def run(*args: Tensor) -> tuple[Tensor, ...]:
+        *inputs, live, rates = args
+        ids, confidences, rules, *rest = step(*inputs)
+        return (ids, lengths(confidences, rates, live), confidences, rules, *rest)
+    return run
+
+
 def profile_steps_per_second(verify_step: Callable[[int], None], tokens: Sequence[int],
                              repeats: int = 20, warmup: int = 3) -> StepsPerSecond:
     """``SPS`` measured: ``verify_step(B)`` runs one target step of ``B`` tokens and returns
