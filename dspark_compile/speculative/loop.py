@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional, Protocol, Sequence
 
 import torch
@@ -27,6 +27,7 @@ from dspark_compile.runtime import Runner
 from dspark_compile.runtime.marks import StreamMark
 from dspark_compile.runtime.transfer import download, upload
 from dspark_compile.speculative.acceptance import verify_greedy, verify_sampling
+from dspark_compile.speculative.requests import Completion, Decoded, Request
 
 FIRST_TOKEN_STREAM = (1 << 20) + 2  # the target's own first sample, apart from other noise
 
@@ -47,30 +48,6 @@ class Target(Protocol):
         """``tokens [rows, n]`` at positions ``start[r] + i`` in every row: logits
         ``[rows, n, V]`` and features ``[rows, n, F]``. ``n`` is k+1, or fewer where a
         schedule verifies fewer drafts."""
-
-
-@dataclass
-class Request:
-    prompt: list[int]
-    max_new_tokens: int
-    seed: int = 0  # keys the request's noise, with each token's position
-
-
-@dataclass
-class Completion:
-    tokens: list[int] = field(default_factory=list)  # the new tokens
-    accepted: list[int] = field(default_factory=list)  # drafts accepted, per round
-    verified: list[int] = field(default_factory=list)  # drafts verified, per round
-    confidences: list[list[float]] = field(default_factory=list)  # the drafter's, per round
-
-
-@dataclass
-class Decoded:
-    completions: list[Completion]  # in the order of the requests
-    seconds: float
-    draft_seconds: float  # on the device's stream
-    verify_seconds: float
-    passes: int  # the target's verification passes (one a round of the rows)
 
 
 def pick_target_token(logits: Tensor, temperature: float, seed: Tensor, position: Tensor
@@ -151,10 +128,13 @@ class _Loop:
         self.seed = torch.zeros(rows, dtype=torch.long, device=device)
         self.features: Optional[Tensor] = None  # [rows, k+1, F]: each row's next context
         self.prompts: dict[int, Tensor] = {}  # a refilled row's prompt features
-        self.marks: dict[str, list[tuple[StreamMark, StreamMark]]] = {"draft": [], "verify": []}
+        self.marks: dict[str, list[tuple[StreamMark, StreamMark]]] = {
+            "draft": [], "verify": [], "prefill": []}
+        self.pass_tokens: list[int] = []  # the tokens each pass gave requests that wanted them
+        self.drained: Optional[tuple[int, int]] = None  # passes, requests in when it ran dry
 
     def run(self) -> Decoded:
-        start = time.perf_counter()
+        start, first = time.perf_counter(), StreamMark(self.device)
         self.refill(list(range(min(self.target.rows, len(self.queue)))))
         pending: Optional[_Verified] = None
         while True:
@@ -182,18 +162,29 @@ class _Loop:
                 for name, marks in self.marks.items()}
         for completion, request in zip(self.completions, self.requests):
             del completion.tokens[request.max_new_tokens:]
+        busy_tokens, busy_seconds = 0, 0.0
+        if self.drained is not None:  # the passes before, and the requests' first tokens
+            passes, admitted = self.drained
+            busy_tokens = sum(self.pass_tokens[:passes]) + admitted
+            busy_seconds = first.seconds_to(self.marks["verify"][passes - 1][1])
         return Decoded(self.completions, time.perf_counter() - start, span["draft"],
-                       span["verify"], len(self.marks["verify"]))
+                       span["verify"], span["prefill"], len(self.marks["verify"]), busy_tokens,
+                       busy_seconds)
 
     def refill(self, rows: list[int]) -> None:
         """The next requests into ``rows``: a fresh slot each, their prompts through the
         target, the target's first token picked, their next round a prompt round."""
         if not rows:
             return
+        admitted = len(self.requests) - len(self.queue)
         chosen = [self.queue.popleft() for _ in rows]
+        if not self.queue and admitted and self.drained is None:
+            self.drained = (len(self.marks["verify"]), admitted)
         prompts = [self.requests[i].prompt for i in chosen]
         index = upload(rows, self.device)
+        begin = StreamMark(self.device)
         last, features = self.target.prefill(rows, prompts)
+        self.marks["prefill"].append((begin, StreamMark(self.device)))
         if self.features is None:
             self.features = features.new_zeros(self.target.rows, self.k + 1, features.shape[-1])
         lengths = upload([len(p) for p in prompts], self.device)
@@ -296,9 +287,13 @@ class _Loop:
     def record(self, pending: _Verified) -> None:
         """The previous round's accepted tokens into the requests it counted for."""
         accepted, emitted = pending.accepted.tolist(), pending.emitted.tolist()
+        made = 0
         for i, (request, keep) in enumerate(zip(pending.requests, pending.kept)):
             if keep:
                 completion = self.completions[request]
                 completion.accepted.append(accepted[i])
                 completion.verified.append(pending.verified[i])
+                wanted = self.requests[request].max_new_tokens - len(completion.tokens)
+                made += min(accepted[i] + 1, wanted)
                 completion.tokens += emitted[i][:accepted[i] + 1]
+        self.pass_tokens.append(made)

@@ -9,6 +9,7 @@ from typing import Optional
 
 import torch
 
+from dspark_compile.runtime.marks import StreamMark
 from dspark_compile.runtime.transfer import upload
 from dspark_compile.speculative import pick_target_token
 from llama import StaticLlama, captured
@@ -58,11 +59,12 @@ def target_alone(model, prompts, new_tokens: list[int], temperature: float, grap
 
 def target_alone_refilled(model, prompts, new_tokens: list[int], temperature: float,
                           graphs: bool, taps, slots: int, device, rows: int
-                          ) -> tuple[list[list[int]], float]:
+                          ) -> tuple[list[list[int]], float, tuple[int, float]]:
     """Plain generation through ``rows`` rows, a finished request's row taking the next
     prompt at once (continuous batching), request ``i`` seeded ``i``. The lengths are known
-    ahead, so the host refills rows without reading a token back. Returns the new tokens
-    and the seconds."""
+    ahead, so the host refills rows without reading a token back. Returns the new tokens,
+    the seconds, and the tokens and seconds while every row served a request (as the loop's
+    ``Decoded.busy_tokens``: up to the last step before the queue ran dry)."""
     llama = StaticLlama(model, rows, slots, taps)
     step = captured(llama, rows, 1) if graphs else llama.forward
     queue, serving, left = deque(range(len(prompts))), [None] * rows, [0] * rows
@@ -81,7 +83,8 @@ def target_alone_refilled(model, prompts, new_tokens: list[int], temperature: fl
             serving[row], left[row] = request, new_tokens[request]
 
     sync()
-    start = time.perf_counter()
+    start, first = time.perf_counter(), StreamMark(device)
+    drained: Optional[tuple[int, StreamMark]] = None  # steps, and their end, when it ran dry
     refill(list(range(min(rows, len(queue)))))
     while any(request is not None for request in serving):
         token = pick_target_token(last, temperature, seed, position)
@@ -96,6 +99,8 @@ def target_alone_refilled(model, prompts, new_tokens: list[int], temperature: fl
         if ended:
             active.index_fill_(0, upload(ended, device), False)
         if ended and queue:
+            if len(ended) >= len(queue) and drained is None:
+                drained = (len(made), StreamMark(device))
             refill(ended[:len(queue)])
     sync()
     seconds = time.perf_counter() - start
@@ -104,4 +109,7 @@ def target_alone_refilled(model, prompts, new_tokens: list[int], temperature: fl
         for value, request in zip(values, requests):
             if request is not None:
                 tokens[request].append(value)
-    return tokens, seconds
+    busy = (0, 0.0) if drained is None else (
+        sum(request is not None for _, requests in made[:drained[0]] for request in requests),
+        first.seconds_to(drained[1]))
+    return tokens, seconds, busy

@@ -48,7 +48,9 @@ def speculative(model, runner, prompts, new_tokens: list[int], temperature: floa
                 accepted=[a for c in done for a in c.accepted],
                 verified=[v for c in done for v in c.verified],
                 confidences=[x for c in done for x in c.confidences], spec_s=run.seconds,
-                draft_s=run.draft_seconds, verify_s=run.verify_seconds, passes=run.passes)
+                draft_s=run.draft_seconds, verify_s=run.verify_seconds,
+                prefill_s=run.prefill_seconds, passes=run.passes,
+                busy_tokens=run.busy_tokens, busy_s=run.busy_seconds)
 
 
 def summary(k: int, accepted: list[int], confidences: list[list[float]]) -> dict:
@@ -72,22 +74,24 @@ def groups(count: int, batch: int, refill: bool) -> list[slice]:
 
 
 def baseline(model, prompts, wanted: list[int], batch: int, temperature: float, graphs: bool,
-             taps, slots: int, device, refill: bool = False) -> tuple[list[list[int]], float]:
-    """The target alone over the requests, ``batch`` at a time: its tokens, its seconds."""
+             taps, slots: int, device, refill: bool = False
+             ) -> tuple[list[list[int]], float, tuple[int, float]]:
+    """The target alone over the requests, ``batch`` at a time: its tokens, its seconds, and
+    (refilled) the tokens and seconds while every row served a request."""
+    if refill:
+        return target_alone_refilled(model, prompts, wanted, temperature, graphs, taps, slots,
+                                     device, batch)
     tokens, seconds = [], 0.0
     for group in groups(len(prompts), batch, refill):
-        if refill:
-            made, took = target_alone_refilled(model, prompts[group], wanted[group],
-                                               temperature, graphs, taps, slots, device, batch)
-        else:
-            made, _, took = target_alone(model, prompts[group], wanted[group], temperature,
-                                         graphs, taps, slots, device)
+        made, _, took = target_alone(model, prompts[group], wanted[group], temperature,
+                                     graphs, taps, slots, device)
         tokens, seconds = tokens + made, seconds + took
-    return tokens, seconds
+    return tokens, seconds, (0, 0.0)
 
 
 def measure(model, runner, prompts, wanted: list[int], batch: int, temperature: float,
-            graphs: bool, device, alone: tuple[list[list[int]], float], schedule=None,
+            graphs: bool, device, alone: tuple[list[list[int]], float, tuple[int, float]],
+            schedule=None,
             refill: bool = False, lag: int = 0, pad: Optional[dict[int, int]] = None) -> dict:
     """The speculative arm over the requests, as :func:`baseline` ran them (``alone``, its
     result): seconds, the rounds' accepted and verified drafts and confidences, greedy
@@ -95,11 +99,13 @@ def measure(model, runner, prompts, wanted: list[int], batch: int, temperature: 
     k, taps = runner.lane.k, runner.lane.target_layer_ids
     slots = cache_slots(prompts, max(wanted), k)
     run = dict(generated=sum(wanted), base_s=alone[1], spec_s=0.0, draft_s=0.0, verify_s=0.0,
-               passes=0, accepted=[], verified=[], confidences=[], tokens=[])
+               prefill_s=0.0, passes=0, accepted=[], verified=[], confidences=[], tokens=[], busy_tokens=0,
+               busy_s=0.0, base_busy=alone[2])
     for group in groups(len(prompts), batch, refill):
         spec = speculative(model, runner, prompts[group], wanted[group], temperature, graphs,
                            slots, device, schedule, batch, lag, pad)
-        for key in ("spec_s", "draft_s", "verify_s", "passes"):
+        for key in ("spec_s", "draft_s", "verify_s", "prefill_s", "passes", "busy_tokens",
+                    "busy_s"):
             run[key] += spec[key]
         for key in ("accepted", "verified", "confidences", "tokens"):
             run[key] += spec[key]
@@ -129,10 +135,16 @@ def report(run: dict, args, backend: str, batch: int, temperature: float, graphs
                speculative_tokens_per_s=run["generated"] / run["spec_s"],
                speedup=run["base_s"] / run["spec_s"], draft_share=run["draft_s"] / run["spec_s"],
                verify_share=run["verify_s"] / run["spec_s"],
+               prefill_share=run["prefill_s"] / run["spec_s"],
                verified_per_round=sum(run["verified"]) / max(1, len(run["verified"])),
                passes=run["passes"], tokens_per_pass=run["generated"] / run["passes"],
-               outside_pass_ms=1e3 * (run["spec_s"] - run["verify_s"]) / run["passes"],
-               **summary(k, run["accepted"], run["confidences"]))
+               outside_pass_ms=1e3 * (run["spec_s"] - run["verify_s"] - run["prefill_s"])
+               / run["passes"], **summary(k, run["accepted"], run["confidences"]))
+    base_tokens, base_s = run["base_busy"]
+    if run["busy_tokens"] and base_tokens:  # refilled, and more requests than rows
+        row.update(target_alone_busy_tokens_per_s=base_tokens / base_s,
+                   speculative_busy_tokens_per_s=run["busy_tokens"] / run["busy_s"],
+                   busy_speedup=run["busy_tokens"] / run["busy_s"] * base_s / base_tokens)
     if temperature == 0:
         row["identical_to_target_greedy"] = f"{run['same']}/{run['compared']}"
         row["divergences"] = run["diverged"]
@@ -177,7 +189,7 @@ def main() -> None:
                              "schedule (5.2) from each request's confidences of two rounds "
                              "before, on the host; over the round's rates: the target's "
                              "profiled SPS, padded, with the every-draft arm's time outside "
-                             "the pass added")
+                             "the pass (the prompts' prefills apart) added")
     parser.add_argument("--pad", action=argparse.BooleanOptionalAction, default=True,
                         help="the speculative arms' target runs each verify width as the "
                              "fastest profiled width at least as wide")

@@ -4,6 +4,7 @@ transformers' generate), a few training steps, the speculators checkpoint read b
 draft -> verify through the runtime, and the teacher-forced blocks that training and
 evaluation use against the rounds the runtime drafted."""
 
+import argparse
 import functools
 import sys
 from pathlib import Path
@@ -16,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "testbe
 from blocks import context, target_pass, teacher_forced  # noqa: E402
 from certificate import reads, report  # noqa: E402
 from data import generate  # noqa: E402
-from e2e import baseline, cache_slots, measure, speculative, target_alone  # noqa: E402
+from e2e import (baseline, cache_slots, measure, report as e2e_report,  # noqa: E402
+                 speculative, target_alone)
 from evaluate import held_out_blocks, statistics, validate  # noqa: E402
 from llama import LlamaTarget  # noqa: E402
 from scheduling import (by_width, calibration, fastest_widths, fixed_length,  # noqa: E402
@@ -126,6 +128,13 @@ def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
     through_one = measure(target, runner, requests, wanted, 1, 0.0, False, CPU, refilled,
                           refill=True)
     assert through_one["same"] == through_one["compared"] == 2
+    # the queue ran dry when the first request ended: until then the one row served it
+    assert refilled[2][0] == through_one["busy_tokens"] == wanted[0]
+    assert 0 < refilled[2][1] < refilled[1] and 0 < through_one["busy_s"] < through_one["spec_s"]
+    args = argparse.Namespace(refill=True, blas="cublaslt", new_tokens=24, to_end_of_answer=True)
+    row = e2e_report(through_one, args, "eager", 1, 0.0, False, lane.k, "every draft")
+    busy_rates = (refilled[2][0] / refilled[2][1], wanted[0] / through_one["busy_s"])
+    assert row["busy_speedup"] == pytest.approx(busy_rates[1] / busy_rates[0])
 
     # each request's rounds, teacher-forced on its greedy answer, accept what the runtime's
     # rounds accepted

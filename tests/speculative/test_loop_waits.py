@@ -44,13 +44,14 @@ class TableTarget:
         return out
 
 
-def decoded(device, rows: int, requests: list[Request], directory, temperature: float = 0.0):
+def decoded(device, rows: int, requests: list[Request], directory, temperature: float = 0.0,
+            schedule=None):
     lane = lane_config("tiny")
     drafter = random_drafter(lane, device, seed=0)
     path, _ = build_artifact(drafter, "eager", [rows], directory, with_probs=temperature > 0)
     runner = load_runner(path, device)
     target = TableTarget(lane.target_vocab_size, lane.feature_size, rows, device)
-    return target, runner, lambda: decode(target, runner, requests, temperature)
+    return target, runner, lambda: decode(target, runner, requests, temperature, schedule)
 
 
 REQUESTS = [Request([1, 2, 3], 24), Request([400, 17, 9], 9), Request(list(range(40, 60)), 17),
@@ -61,6 +62,32 @@ def test_greedy_output_is_the_table_targets_walk_with_rows_refilled(device, tmp_
     target, _, run = decoded(device, 2, REQUESTS, tmp_path)
     for request, completion in zip(REQUESTS, run().completions):
         assert completion.tokens == target.greedy(request.prompt, request.max_new_tokens)
+
+
+def no_drafts(confidences):
+    return torch.zeros(len(confidences), dtype=torch.long)
+
+
+def test_the_busy_span_ends_where_the_queue_runs_dry(device, tmp_path):
+    # verifying no drafts, each pass gives each request it serves one token, and a done
+    # request's row sits out the round in which the loop learns it is done. Rows 0, 1 take
+    # requests of 5 and 9 tokens (the first from the prefill): request 0 is done after pass
+    # 3, its row idle in pass 4, then refilled with the last request. By the end of pass
+    # 4: its 5 tokens and request 1's 1 + 5.
+    requests = [Request([1, 2], 5), Request([3], 9), Request([4, 5, 6], 4)]
+    _, _, run = decoded(device, 2, requests, tmp_path, schedule=no_drafts)
+    result = run()
+    assert [len(c.tokens) for c in result.completions] == [5, 9, 4]
+    assert result.passes == 8  # request 1's; in row 0, 4 of request 0, 1 idle, 3 of request 2
+    assert result.busy_tokens == 11
+    assert 0 < result.busy_seconds < result.seconds
+    assert 0 < result.prefill_seconds < result.seconds
+
+
+def test_no_busy_span_where_every_request_has_a_row_from_the_start(device, tmp_path):
+    _, _, run = decoded(device, 2, REQUESTS[:2], tmp_path)
+    result = run()
+    assert (result.busy_tokens, result.busy_seconds) == (0, 0.0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(),
