@@ -224,8 +224,6 @@ class _Loop:
         host. With a schedule the pass is as wide as the longest verify length needs (the
         lengths are on the host already: no synchronisation)."""
         rows, width = [live[i] for i in going], self.k
-        requests = [self.serving[row] for row in rows]
-        kept = [self.made[r] < self.requests[r].max_new_tokens for r in requests]
         lengths = None
         if out.lengths is not None:
             lengths = out.lengths[going]
@@ -233,18 +231,22 @@ class _Loop:
             lengths = self.scheduled(rows, out.confidences[going])
         if lengths is not None:
             width = int(lengths.max())
+        drafted = torch.zeros(self.target.rows, width, dtype=torch.long)  # up in one copy
+        drafted[rows] = out.ids[going, :width]
+        drafted = upload(drafted, self.device)
+        begin = StreamMark(self.device)
+        logits, features = self.target.verify(torch.cat([self.anchor[:, None], drafted], 1),
+                                              self.position)
+        self.marks["verify"].append((begin, StreamMark(self.device)))
+        # the rest while the pass runs
+        requests = [self.serving[row] for row in rows]
+        kept = [self.made[r] < self.requests[r].max_new_tokens for r in requests]
         confidences = [[]] * len(rows) if out.confidences is None \
             else out.confidences[going].tolist()
         for request, keep, c in zip(requests, kept, confidences):  # now: a lag reads them
             if keep:
                 self.completions[request].confidences.append(c)
         index, picked = upload(rows, self.device), upload(going, self.device)
-        drafted = torch.zeros(self.target.rows, width, dtype=torch.long, device=self.device)
-        drafted[index] = upload(out.ids[going, :width], self.device)
-        begin = StreamMark(self.device)
-        logits, features = self.target.verify(torch.cat([self.anchor[:, None], drafted], 1),
-                                              self.position)
-        self.marks["verify"].append((begin, StreamMark(self.device)))
         logits, position = logits[index], self.position[index]
         device_lengths = None if lengths is None else upload(lengths, self.device)
         if self.temperature > 0:
