@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <set>
@@ -130,6 +131,8 @@ struct Runner::State {
   std::map<int64_t, int64_t> rows;  // slot -> cache row; rows 0..size-1 are taken
   at::Tensor rates;                 // schedule(): SPS, on the host; or undefined
   bool by_width = false;            // schedule(): the target charges a step by its width
+  int64_t lag = 0;                  // schedule(): over each request's rounds this far back
+  std::map<int64_t, std::deque<at::Tensor>> history;  // slot -> its last `lag` confidences
   int64_t next_slot = 0;
   std::atomic<bool> busy{false};
 
@@ -237,6 +240,7 @@ void Runner::release(int64_t slot) {
   Exclusive exclusive(s.busy);
   const int64_t row = s.row(slot);
   s.rows.erase(slot);
+  s.history.erase(slot);
   const auto last = static_cast<int64_t>(s.rows.size());
   if (row != last) {  // keep rows dense: the last request moves into the hole
     for (auto& [other, r] : s.rows) {
@@ -317,10 +321,13 @@ at::Tensor verify_width(const at::Tensor& confidences, const at::Tensor& rates) 
 
 }  // namespace
 
-void Runner::schedule(const std::optional<at::Tensor>& steps_per_second, bool by_width) {
+void Runner::schedule(const std::optional<at::Tensor>& steps_per_second, bool by_width,
+                      int64_t lag) {
   State& s = *state_;
   Exclusive exclusive(s.busy);
   const Lane& lane = s.artifact.lane;
+  if (lag < 0) throw InputError("lag", std::to_string(lag), "0 or more rounds");
+  s.history.clear();
   if (!steps_per_second) {
     s.rates = at::Tensor();
     return;
@@ -339,6 +346,7 @@ void Runner::schedule(const std::optional<at::Tensor>& steps_per_second, bool by
   }
   s.rates = rates.to(at::kCPU).contiguous();
   s.by_width = by_width;
+  s.lag = lag;
 }
 
 DraftOutput Runner::draft(const at::Tensor& features, const at::Tensor& num_new,
@@ -424,8 +432,23 @@ DraftOutput Runner::draft(const at::Tensor& features, const at::Tensor& num_new,
   DraftOutput out{host[1].index_select(0, index),
                   lane.confidence_head ? host[2].index_select(0, index) : at::Tensor()};
   if (s.rates.defined()) {
-    out.lengths = s.by_width ? verify_width(out.confidences, s.rates)
-                             : verify_lengths(out.confidences, s.rates);
+    // lag 0: over this round's confidences; else over each request's of `lag` of its
+    // rounds before (ones, and every draft verified, where it has none that old)
+    at::Tensor scored = out.confidences;
+    std::vector<int64_t> fresh;
+    if (s.lag > 0) {
+      std::vector<at::Tensor> old;
+      for (int64_t i = 0; i < R; ++i) {
+        std::deque<at::Tensor>& h = s.history[slots[i]];
+        fresh.push_back(static_cast<int64_t>(h.size()) < s.lag);
+        old.push_back(fresh.back() ? at::ones({lane.k}, out.confidences.options()) : h.front());
+        h.push_back(out.confidences[i].clone());
+        if (static_cast<int64_t>(h.size()) > s.lag) h.pop_front();
+      }
+      scored = at::stack(old);
+    }
+    out.lengths = s.by_width ? verify_width(scored, s.rates) : verify_lengths(scored, s.rates);
+    if (s.lag > 0) out.lengths.masked_fill_(at::tensor(fresh, at::kLong).to(at::kBool), lane.k);
   }
   return out;
 }

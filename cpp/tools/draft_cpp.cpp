@@ -2,7 +2,8 @@
 // `dspark-verify record=INPUTS` wrote through the C++ runner and writes their ids and
 // confidences to OUTPUTS (and their verify lengths, where INPUTS holds a
 // "steps_per_second" table to schedule by, and metadata "schedule_by": "width" for a target
-// that charges a step by its width) (a refused round: its message, as metadata "<round>.error"), for
+// that charges a step by its width, "schedule_lag": N to schedule each request by its
+// confidences of N rounds before) (a refused round: its message, as metadata "<round>.error"), for
 // `dspark-verify replay=OUTPUTS` to check against the host path. With --time, each bucket's
 // last drafted round is drafted REPEATS times more and the wall time of each call, in
 // microseconds, goes to metadata "b<bucket>.draft_us" (a JSON list); the Runner's
@@ -32,8 +33,10 @@ int main(int argc, char** argv) {
     dspark::Runner runner(argv[1], device);
     const auto sps = recorded.tensors.find("steps_per_second");
     const auto by = recorded.metadata.find("schedule_by");  // "tokens" (default) or "width"
+    const auto lag = recorded.metadata.find("schedule_lag");  // rounds back; 0 by default
     if (sps != recorded.tensors.end()) {
-      runner.schedule(sps->second, by != recorded.metadata.end() && by->second == "width");
+      runner.schedule(sps->second, by != recorded.metadata.end() && by->second == "width",
+                      lag != recorded.metadata.end() ? std::stoll(lag->second) : 0);
     }
     std::map<std::string, at::Tensor> outputs;
     std::map<std::string, std::string> metadata = recorded.metadata;  // the rounds' settings

@@ -18,7 +18,8 @@ from dspark_compile.draft.inputs import greedy_defaults
 from dspark_compile.errors import ConfigError, InputError, RunnerBusyError
 from dspark_compile.model import Drafter
 from dspark_compile.runtime.capture import bind, byte_views, copy_into, host_views, packed
-from dspark_compile.runtime.schedule import StepsPerSecond, scheduler, with_lengths
+from dspark_compile.runtime.schedule import (LaggedSchedule, StepsPerSecond, scheduler,
+                                              with_lengths)
 from dspark_compile.runtime.transfer import download, upload
 
 
@@ -41,9 +42,8 @@ class Runner:
     A round whose features do not have k+1 rows (a prompt) is first appended eagerly
     (prefill), then the bound step runs with no new rows.
 
-    ``schedule(sps)`` adds the verify lengths to every round (``DraftOutput.lengths``):
-    Algorithm 1 over the round's confidences and the target's steps per second, inside the
-    same graph and download.
+    ``schedule(sps)`` adds the verify lengths to every round (``DraftOutput.lengths``),
+    inside the same graph and download.
 
     Threading: a runner is not thread-safe. A call made while another thread is inside
     the same runner raises :class:`RunnerBusyError` instead of waiting or corrupting state;
@@ -72,6 +72,7 @@ class Runner:
         self._rates = {b: torch.zeros(b * (self.lane.k + 1) + 1, dtype=torch.float64,
                                       device=device) for b in self.buckets}
         self.schedule_by: Optional[str] = None  # how schedule()'s target charges a step
+        self._lagged: Optional[LaggedSchedule] = None  # schedule(sps, lag > 0)
         self._calls: dict[int, Callable[[], tuple[Tensor, ...]]] = {}
         # per bucket: one pinned byte buffer, and the ids, confidences, rules kept and
         # lengths (when scheduled) in it
@@ -98,20 +99,24 @@ class Runner:
                                        self._capture, pool)
             self._host[bucket] = self._downloads(bucket, self.device.type == "cuda")
 
-    def schedule(self, sps: Optional[StepsPerSecond]) -> None:
+    def schedule(self, sps: Optional[StepsPerSecond], lag: int = 0) -> None:
         """From now on each round also returns its verify lengths (``DraftOutput.lengths``,
-        0 .. k per request), in the round's own graph: over the round's confidences and
-        ``sps``, the target's verify steps per second, Algorithm 1
-        (:func:`~dspark_compile.runtime.schedule.verify_lengths`) where the target charges a
-        step by its tokens, :func:`~dspark_compile.runtime.schedule.verify_width` where by
-        its width. None: no lengths again."""
+        0 .. k per request) over ``sps``, the target's verify steps per second
+        (``sps.lengths``: Algorithm 1, or the width schedule): ``lag`` 0, over the round's
+        confidences in its own graph; ``lag`` > 0, over each request's of that many rounds
+        before, on the host (:class:`~dspark_compile.runtime.schedule.LaggedSchedule`).
+        None: no lengths again."""
         if sps is not None and not self.lane.confidence_head:
             raise ConfigError("schedule: the drafter has no confidence head to schedule by")
+        if lag < 0:
+            raise ConfigError(f"schedule: lag={lag}, expected 0 or more rounds")
         with self._exclusive():
-            if sps is not None:
+            self._lagged = None if sps is None or not lag else LaggedSchedule(
+                sps, lag, self.lane.k, self.buckets[-1])
+            if sps is not None and not lag:
                 for bucket, rates in self._rates.items():
                     rates.copy_(sps.table(len(rates) - 1, self.device))
-            by = None if sps is None else sps.by
+            by = None if sps is None or lag else sps.by
             if self.schedule_by != by:
                 self.schedule_by = by
                 self._bind()
@@ -161,6 +166,8 @@ class Runner:
         with self._exclusive():
             row = self._row(slot)
             del self._rows[slot]
+            if self._lagged is not None:
+                self._lagged.forget(slot)
             last = len(self._rows)
             if row != last:  # keep rows dense: the last request moves into the hole
                 moved = next(s for s, r in self._rows.items() if r == last)
@@ -215,11 +222,15 @@ class Runner:
                 # the whole bucket in row order: nothing to lay out or pick
                 if self.scheduled:
                     self._live[bucket].fill_(True)
-                return self._run(inputs, inputs, None)
-            full, placed = self.layout(inputs, slots)
-            if self.scheduled:
-                self._live[bucket].zero_().index_fill_(0, placed, True)
-            return self._run(full, inputs, torch.tensor(rows))
+                out = self._run(inputs, inputs, None)
+            else:
+                full, placed = self.layout(inputs, slots)
+                if self.scheduled:
+                    self._live[bucket].zero_().index_fill_(0, placed, True)
+                out = self._run(full, inputs, torch.tensor(rows))
+            if self._lagged is not None:
+                out.lengths = self._lagged(slots, out.confidences)
+            return out
 
     @torch.no_grad()
     def replay(self, batch: int) -> None:

@@ -16,6 +16,7 @@ shapes with no host synchronisation, so it can run inside a captured graph.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence
 
@@ -85,6 +86,32 @@ class StepsPerSecond:
 def scheduler(by: str) -> Callable[..., Tensor]:
     """The schedule for a target that charges a step ``by`` its tokens or its width."""
     return verify_width if by == "width" else verify_lengths
+
+
+class LaggedSchedule:
+    """DSpark's production variant (section 5.2): each request's verify lengths from its own
+    confidences of ``lag`` rounds before, which an engine holds before the round's draft is
+    done; a request with no round that old verifies every draft. Kept per slot on the host,
+    where each round's confidences already are: the lengths need no device work."""
+
+    def __init__(self, sps: StepsPerSecond, lag: int, k: int, requests: int):
+        self.rates = sps.table(requests * (k + 1))
+        self.schedule, self.lag, self.k = scheduler(sps.by), lag, k
+        self.history: dict[int, deque[Tensor]] = {}  # slot -> its last ``lag`` rounds'
+
+    def __call__(self, slots: Sequence[int], confidences: Tensor) -> Tensor:
+        """The lengths ``[R]`` of a round of ``slots``, whose confidences ``[R, k]`` (on the
+        host) then join their history."""
+        histories = [self.history.setdefault(slot, deque(maxlen=self.lag)) for slot in slots]
+        fresh = torch.tensor([len(h) < self.lag for h in histories])
+        old = torch.stack([h[0] if len(h) == self.lag else torch.ones(self.k)
+                           for h in histories]).to(confidences.dtype)
+        for h, c in zip(histories, confidences):
+            h.append(c.clone())
+        return self.schedule(old, self.rates).masked_fill(fresh, self.k)
+
+    def forget(self, slot: int) -> None:
+        self.history.pop(slot, None)
 
 
 def with_lengths(step: Callable, lengths: Callable) -> Callable:

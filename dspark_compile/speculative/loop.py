@@ -63,32 +63,24 @@ Schedule = Callable[[Tensor], Tensor]  # confidences [R, k] on the host -> verif
 
 @torch.no_grad()
 def decode(target: Target, runner: Runner, requests: Sequence[Request],
-           temperature: float = 0.0, schedule: Optional[Schedule] = None, lag: int = 0
-           ) -> Decoded:
+           temperature: float = 0.0, schedule: Optional[Schedule] = None) -> Decoded:
     """Every request's ``max_new_tokens`` new tokens, ``target.rows`` requests at a time.
 
     How many of each round's drafts are verified: the lengths a scheduled runner returns
-    (:meth:`~dspark_compile.runtime.Runner.schedule`), else ``schedule``'s of the round's
-    confidences (for example a fixed length, or
-    :func:`~dspark_compile.runtime.schedule.verify_lengths` on the host), else every
-    draft. ``lag``: ``schedule`` reads each request's confidences of that many rounds
-    before (DSpark's production variant schedules from confidences two rounds old, which
-    an engine has before the round's draft is done); a request with no round that old
-    verifies every draft."""
+    (:meth:`~dspark_compile.runtime.Runner.schedule`, from the round's confidences or,
+    lagged, from each request's of rounds before), else ``schedule``'s of the round's
+    confidences (for example a fixed length), else every draft."""
     if temperature > 0 and not runner.manifest["with_probs"]:
         raise ConfigError("temperature: sampled verification needs the draft distribution; "
                           "build the artifact with with_probs=True")
     if schedule is not None and not runner.lane.confidence_head:
         raise ConfigError("schedule: the drafter has no confidence head to schedule by")
-    if lag < 0 or (lag and (schedule is None or runner.scheduled)):
-        raise ConfigError(f"lag={lag}: expected 0, or more with a host schedule (and a "
-                          "runner that does not schedule)")
     for i, request in enumerate(requests):
         if not request.prompt or request.max_new_tokens < 1:
             raise InputError(f"requests[{i}]", f"a prompt of {len(request.prompt)} tokens "
                              f"and max_new_tokens={request.max_new_tokens}",
                              "a prompt of at least one token and max_new_tokens >= 1")
-    return _Loop(target, runner, requests, temperature, schedule, lag).run()
+    return _Loop(target, runner, requests, temperature, schedule).run()
 
 
 @dataclass
@@ -110,9 +102,9 @@ class _Loop:
     it does the round's bookkeeping per request."""
 
     def __init__(self, target: Target, runner: Runner, requests: Sequence[Request],
-                 temperature: float, schedule: Optional[Schedule], lag: int):
+                 temperature: float, schedule: Optional[Schedule]):
         self.target, self.runner, self.requests = target, runner, requests
-        self.schedule, self.lag = schedule, lag
+        self.schedule = schedule
         self.temperature, self.k, self.device = temperature, runner.lane.k, runner.device
         self.dtype = runner.lane.torch_dtype
         rows, device = target.rows, runner.device
@@ -228,7 +220,7 @@ class _Loop:
         if out.lengths is not None:
             lengths = out.lengths[going]
         elif self.schedule is not None:
-            lengths = self.scheduled(rows, out.confidences[going])
+            lengths = self.schedule(out.confidences[going])
         if lengths is not None:
             width = int(lengths.max())
         drafted = torch.zeros(self.target.rows, width, dtype=torch.long)  # up in one copy
@@ -243,7 +235,7 @@ class _Loop:
         kept = [self.made[r] < self.requests[r].max_new_tokens for r in requests]
         confidences = [[]] * len(rows) if out.confidences is None \
             else out.confidences[going].tolist()
-        for request, keep, c in zip(requests, kept, confidences):  # now: a lag reads them
+        for request, keep, c in zip(requests, kept, confidences):
             if keep:
                 self.completions[request].confidences.append(c)
         index, picked = upload(rows, self.device), upload(going, self.device)
@@ -263,17 +255,6 @@ class _Loop:
         verified = lengths.tolist() if lengths is not None else [self.k] * len(rows)
         return _Verified(rows, requests, download(accepted), download(emitted), verified,
                          kept)
-
-    def scheduled(self, rows: list[int], confidences: Tensor) -> Tensor:
-        """The host schedule's lengths for ``rows``, from this round's confidences or, with a
-        lag, each request's of ``lag`` rounds before (every draft where it has none)."""
-        if not self.lag:
-            return self.schedule(confidences)
-        history = [self.completions[self.serving[row]].confidences for row in rows]
-        old = [h[-self.lag] if len(h) >= self.lag else [1.0] * self.k for h in history]
-        lengths = self.schedule(torch.tensor(old, dtype=confidences.dtype))
-        fresh = torch.tensor([len(h) < self.lag for h in history])
-        return lengths.masked_fill(fresh, self.k)
 
     def finished(self, pending: _Verified) -> list[int]:
         """The rows whose requests the previous round completed (its outcome is on the host

@@ -31,7 +31,7 @@ from target import LANE, load_target
 
 def speculative(model, runner, prompts, new_tokens: list[int], temperature: float,
                 graphs: bool, slots: int, device, schedule=None, rows: Optional[int] = None,
-                lag: int = 0, pad: Optional[dict[int, int]] = None) -> dict:
+                pad: Optional[dict[int, int]] = None) -> dict:
     """The package's draft -> verify loop with the target in ``rows`` rows (default: as many
     as prompts; ``pad``: LlamaTarget's), request ``i`` seeded ``i``: the tokens, the
     accepted and verified drafts and the confidences per round, the seconds in all, and
@@ -42,7 +42,7 @@ def speculative(model, runner, prompts, new_tokens: list[int], temperature: floa
     sync()
     run = decode(target, runner, [Request(p, n, seed=i) for i, (p, n)
                                   in enumerate(zip(prompts, new_tokens))], temperature,
-                 schedule, lag)
+                 schedule)
     done = run.completions
     return dict(tokens=[c.tokens for c in done],
                 accepted=[a for c in done for a in c.accepted],
@@ -91,19 +91,18 @@ def baseline(model, prompts, wanted: list[int], batch: int, temperature: float, 
 
 def measure(model, runner, prompts, wanted: list[int], batch: int, temperature: float,
             graphs: bool, device, alone: tuple[list[list[int]], float, tuple[int, float]],
-            schedule=None,
-            refill: bool = False, lag: int = 0, pad: Optional[dict[int, int]] = None) -> dict:
+            schedule=None, refill: bool = False, pad: Optional[dict[int, int]] = None) -> dict:
     """The speculative arm over the requests, as :func:`baseline` ran them (``alone``, its
     result): seconds, the rounds' accepted and verified drafts and confidences, greedy
     identity and where outputs part."""
     k, taps = runner.lane.k, runner.lane.target_layer_ids
     slots = cache_slots(prompts, max(wanted), k)
     run = dict(generated=sum(wanted), base_s=alone[1], spec_s=0.0, draft_s=0.0, verify_s=0.0,
-               prefill_s=0.0, passes=0, accepted=[], verified=[], confidences=[], tokens=[], busy_tokens=0,
-               busy_s=0.0, base_busy=alone[2])
+               prefill_s=0.0, passes=0, accepted=[], verified=[], confidences=[], tokens=[],
+               busy_tokens=0, busy_s=0.0, base_busy=alone[2])
     for group in groups(len(prompts), batch, refill):
         spec = speculative(model, runner, prompts[group], wanted[group], temperature, graphs,
-                           slots, device, schedule, batch, lag, pad)
+                           slots, device, schedule, batch, pad)
         for key in ("spec_s", "draft_s", "verify_s", "prefill_s", "passes", "busy_tokens",
                     "busy_s"):
             run[key] += spec[key]
@@ -249,9 +248,9 @@ def main() -> None:
                     sps = steps_per_second(model, batch, graphs, k, taps, slots, device)
                     pad = fastest_widths(sps, batch) if args.pad else None
 
-                    def arm(name: str, schedule=None, lag: int = 0) -> dict:
+                    def arm(name: str, schedule=None) -> dict:
                         run = measure(model, runner, chosen, wanted, batch, temperature,
-                                      graphs, device, alone, schedule, args.refill, lag, pad)
+                                      graphs, device, alone, schedule, args.refill, pad)
                         row = report(run, args, backend, batch, temperature, graphs, k, name)
                         rows.append(row | dict(pad=pad))
                         return rows[-1]
@@ -269,8 +268,9 @@ def main() -> None:
                             arm(name)["sps"] = dict(
                                 profiled=dict(zip(profiled.tokens, profiled.steps_per_second)),
                                 round=dict(zip(rates.tokens, rates.steps_per_second)))
-                        runner.schedule(None)  # the target pads: 5.2 over the width's rates
-                        arm("by width, confidences two rounds old", rates.lengths, lag=2)
+                        runner.schedule(rates, lag=2)  # 5.2, over the width's rates
+                        arm("by width, confidences two rounds old")
+                        runner.schedule(None)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(dict(rows=rows, lane=drafter.lane.to_dict()), indent=2))
     print(args.out)

@@ -134,11 +134,11 @@ def test_the_cpp_runner_drafts_the_python_runners_bits_and_passes_the_replay(
     assert len(lengths) > 1  # the schedule verifies more of some rows than of others
 
 
-def scheduled_rounds(artifact, device, sps: StepsPerSecond):
-    """The recorded rounds' plan through the Python runner scheduled by ``sps``: each
-    round's key in the C++ tool's outputs, and its output."""
+def scheduled_rounds(artifact, device, sps: StepsPerSecond, lag: int = 0):
+    """The recorded rounds' plan through the Python runner scheduled by ``sps`` (and
+    ``lag``): each round's key in the C++ tool's outputs, and its output."""
     runner = load_runner(artifact, device)
-    runner.schedule(sps)
+    runner.schedule(sps, lag)
     for bucket, batch, inputs in plan(runner.lane, runner.buckets, ROUNDS, 24, SEED, 1.0,
                                       device.type):
         slots = [runner.admit() for _ in range(batch)]
@@ -146,10 +146,12 @@ def scheduled_rounds(artifact, device, sps: StepsPerSecond):
             yield f"b{bucket}.r{index}", runner.draft(round_inputs, slots)
 
 
+@pytest.mark.parametrize("lag", [0, 2])
 def test_the_cpp_runner_schedules_by_width_as_the_python_runner_does(
-        draft_cpp, built_artifact, device, tmp_path):
+        draft_cpp, built_artifact, device, tmp_path, lag):
     """A target that charges a step by its widest row: metadata ``schedule_by=width`` and a
-    table by a row's tokens, the C++ runner's lengths equal to the Python runner's."""
+    table by a row's tokens, the C++ runner's lengths equal to the Python runner's; with
+    ``schedule_lag=2``, each request's from its confidences of two rounds before."""
     artifact = built_artifact("aoti", LANE)
     rounds, outputs = tmp_path / "rounds.safetensors", tmp_path / "outputs.safetensors"
     record_rounds(artifact, rounds, device.type, ROUNDS, seed=SEED, temperature=1.0)
@@ -158,15 +160,17 @@ def test_the_cpp_runner_schedules_by_width_as_the_python_runner_does(
     widths = tuple(range(1, 7))  # k + 1 = 6; the rows of bucket 3 affine in 3 x width
     sps = StepsPerSecond(widths, tuple(1 / (3.0 + 2.1 * w) for w in widths), by="width")
     recorded["steps_per_second"] = sps.table(6)
-    save_file(recorded, str(rounds), metadata=metadata | {"schedule_by": "width"})
+    save_file(recorded, str(rounds),
+              metadata=metadata | {"schedule_by": "width", "schedule_lag": str(lag)})
     result = draft_in_cpp(draft_cpp, artifact, rounds, outputs)
     assert result.returncode == 0, result.stderr
     drafted = load_file(outputs)
     lengths = set()
-    for key, out in scheduled_rounds(artifact, device, sps):
+    for key, out in scheduled_rounds(artifact, device, sps, lag):
         assert torch.equal(out.lengths, drafted[f"{key}.lengths"]), key
         lengths.update(out.lengths.tolist())
-    assert len(lengths) > 1  # rounds of several widths
+    fresh = {5} if lag else set()  # k: a request's first rounds, with none that old
+    assert len(lengths - fresh) > 1  # rounds of several widths
 
 
 def test_the_check_script_follows_this_torch_and_writes_only_its_out(draft_cpp, built_artifact,

@@ -223,6 +223,46 @@ def test_a_scheduled_runner_returns_its_schedules_lengths_over_its_rounds_rows(
     assert runner.draft(picked, slots).lengths is None
 
 
+def lagged_lengths(sps: StepsPerSecond, rounds, lag: int, k: int) -> list[torch.Tensor]:
+    """Each round's lengths recomputed from every slot's full record: the schedule over the
+    confidences each slot drafted ``lag`` of its rounds before, every draft where it has
+    none that old (its confidences then count as ones)."""
+    drafted: dict[int, list[torch.Tensor]] = {}
+    out = []
+    for confidences, slots in rounds:
+        old = [drafted[s][-lag] if len(drafted.get(s, [])) >= lag else torch.ones(k)
+               for s in slots]
+        fresh = torch.tensor([len(drafted.get(s, [])) < lag for s in slots])
+        out.append(sps.lengths(torch.stack(old)).masked_fill(fresh, k))
+        for slot, c in zip(slots, confidences):
+            drafted.setdefault(slot, []).append(c)
+    return out
+
+
+@pytest.mark.parametrize("by", ["tokens", "width"])
+def test_a_lagged_runner_schedules_each_request_by_its_own_rounds_before(built_artifact, device,
+                                                                          by):
+    """DSpark's production variant: a request's lengths come from the confidences its slot
+    drafted two of its rounds before. Slot 1 drafts in every other round only, so its
+    rounds are not the runner's."""
+    path = built_artifact("eager", "tiny")
+    k = lane_config("tiny").k
+    rounds = list(synthetic_rounds(lane_config("tiny"), 3, 20, 8, 4, device))
+    plain = [(out.confidences, slots)
+             for out, _, slots in rounds_of_three_rows(load_runner(path, device), rounds)]
+    costs = [c for c in (0.1, 0.3, 0.7, 1.5, 3.0, 8.0) if len(set(torch.cat(
+        lagged_lengths(steps_per_second(by, c, k), plain, 2, k)).tolist()) - {k}) > 1]
+    assert costs, "no cost per token gives lengths that differ"
+    sps = steps_per_second(by, costs[0], k)
+    runner = load_runner(path, device)
+    runner.schedule(sps, lag=2)
+    expected = lagged_lengths(sps, plain, 2, k)
+    for (out, *_), lengths in zip(rounds_of_three_rows(runner, rounds), expected):
+        assert torch.equal(out.lengths, lengths)
+    with pytest.raises(ConfigError, match="lag=-1"):
+        runner.schedule(sps, lag=-1)
+
+
 def test_position_temperatures_apply_in_the_built_step_and_key_the_artifact(
         built_artifact, device):
     """An artifact of a lane with STS returns each confidence's logit over its position's

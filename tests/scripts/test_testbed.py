@@ -28,7 +28,7 @@ from train import train  # noqa: E402
 from dspark_compile import lane_config, load_checkpoint, load_runner, save_checkpoint  # noqa: E402
 from dspark_compile.checkpoint import random_drafter  # noqa: E402
 from dspark_compile.compile import build_artifact  # noqa: E402
-from dspark_compile.runtime.schedule import StepsPerSecond, verify_lengths  # noqa: E402
+from dspark_compile.runtime.schedule import StepsPerSecond  # noqa: E402
 from dspark_compile.speculative import Request, decode, loop  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -98,7 +98,7 @@ def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
     assert margins[0] == pytest.approx((best[:, 0] - best[:, 1]).tolist(), abs=1e-4)
     assert sum(run["accepted"]) > 0  # the trained drafter's tokens were accepted
     # e2e's arms: the target alone once, then the loop every draft, with STS fitted on its
-    # rounds, Algorithm 1 in the runner's graph, the lagged host schedule, a fixed length
+    # rounds, Algorithm 1 in the runner's graph, the runner's lagged schedule, a fixed length
     taps = lane.target_layer_ids
     baseline_run = baseline(target, requests, wanted, 2, 0.0, False, taps, slots, CPU)
     assert baseline_run[0] == alone
@@ -116,8 +116,9 @@ def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
     scheduled = measure(target, runner, requests, wanted, 2, 0.0, False, CPU, baseline_run)
     runner.schedule(None)
     assert scheduled["same"] == scheduled["compared"] == 2  # still the target's output
-    lagged = measure(target, runner, requests, wanted, 2, 0.0, False, CPU, baseline_run,
-                     lambda c: verify_lengths(c, sps), lag=2)
+    runner.schedule(sps, lag=2)
+    lagged = measure(target, runner, requests, wanted, 2, 0.0, False, CPU, baseline_run)
+    runner.schedule(None)
     assert lagged["same"] == 2 and lagged["verified"][:2] == [lane.k] * 2  # no history yet
     one_draft = measure(target, runner, requests, wanted, 2, 0.0, False, CPU, baseline_run,
                         functools.partial(fixed_length, 1))

@@ -120,7 +120,10 @@ def test_greedy_decoding_with_scheduled_verify_lengths_is_still_the_targets_outp
     runner = runner_for(lane, 0, 2, tmp_path, device)
     sps = StepsPerSecond((1, 12), (1000.0, 250.0))  # a step of 12 tokens costs 4 of one
     chosen, lag = (lambda c: verify_lengths(c, sps)), 2 if schedule == "two rounds old" else 0
-    if schedule == "random":
+    if lag:  # the runner's, over each request's confidences of two rounds before
+        chosen = None
+        runner.schedule(sps, lag=lag)
+    elif schedule == "random":
         chosen = random_lengths(1)
     elif schedule == "in the runner's graph":
         chosen = None
@@ -130,7 +133,7 @@ def test_greedy_decoding_with_scheduled_verify_lengths_is_still_the_targets_outp
         runner.schedule(StepsPerSecond((1, 6), (1000.0, 250.0), by="width"))
     requests = [Request([1, 2, 3], 20), Request(list(range(40, 60)), 13), Request([9, 9], 7)]
     decoded = decode(RecomputingTarget(target, 2, lane.target_layer_ids), runner, requests,
-                     schedule=chosen, lag=lag)
+                     schedule=chosen)
     for request, completion in zip(requests, decoded.completions):
         assert completion.tokens == target_greedy(target, request.prompt,
                                                   request.max_new_tokens)
@@ -139,27 +142,6 @@ def test_greedy_decoding_with_scheduled_verify_lengths_is_still_the_targets_outp
             assert completion.verified[:lag] == [lane.k] * lag
     verified = [v for c in decoded.completions for v in c.verified]
     assert min(verified) < lane.k  # the schedule shortened some rounds
-
-
-def test_a_lagged_schedule_reads_each_requests_confidences_of_that_many_rounds_before(
-        tmp_path, device):
-    target = qwen3_target(512, seed=5, device=device)
-    lane = lane_config("tiny")
-    runner = runner_for(lane, 0, 2, tmp_path, device)
-    seen = []
-
-    def schedule(confidences):
-        seen.append(confidences.clone())
-        return torch.full(confidences.shape[:1], 1)
-    requests = [Request([1, 2, 3], 20), Request(list(range(40, 60)), 13)]
-    decoded = decode(RecomputingTarget(target, 2, lane.target_layer_ids), runner, requests,
-                     schedule=schedule, lag=2)
-    # both requests live in every round until the second ends: round t reads round t-2's
-    both = min(len(c.confidences) for c in decoded.completions)
-    for t in range(2, both):
-        old = torch.tensor([c.confidences[t - 2] for c in decoded.completions])
-        assert torch.equal(seen[t], old)
-    assert decoded.completions[0].verified[2:both] == [1] * (both - 2)
 
 
 def test_a_drafter_that_agrees_with_the_target_gets_every_draft_accepted(tmp_path, device):

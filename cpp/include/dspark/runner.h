@@ -69,8 +69,11 @@ class Runner {
   // confidences and the target's verify steps per second by tokens in a step, float64
   // [largest bucket * (k+1) + 1] from 0 tokens up (Python: StepsPerSecond.table); with
   // by_width, the width schedule over SPS by a row's tokens, [k + 2] or longer. nullopt:
-  // no lengths again. The Python runner's schedule(), the same lengths.
-  void schedule(const std::optional<at::Tensor>& steps_per_second, bool by_width = false);
+  // no lengths again. lag > 0: over each request's confidences of that many of its rounds
+  // before (DSpark's production variant), every draft where it has none that old. The
+  // Python runner's schedule(), the same lengths.
+  void schedule(const std::optional<at::Tensor>& steps_per_second, bool by_width = false,
+                int64_t lag = 0);
 
   std::vector<int64_t> slots() const;  // the admitted slots, ascending
   std::vector<int64_t> buckets() const;
