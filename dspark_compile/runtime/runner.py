@@ -164,7 +164,7 @@ class Runner:
 
     def release(self, slot: int) -> None:
         with self._exclusive():
-            row = self._row(slot)
+            row = self.row_of(slot)
             del self._rows[slot]
             if self._lagged is not None:
                 self._lagged.forget(slot)
@@ -181,9 +181,6 @@ class Runner:
         return sorted(self._rows)
 
     def row_of(self, slot: int) -> int:
-        return self._row(slot)
-
-    def _row(self, slot: int) -> int:
         if slot not in self._rows:
             raise InputError("slot", f"{slot!r} is not admitted",
                              f"one of {sorted(self._rows)}")
@@ -198,7 +195,7 @@ class Runner:
     def layout(self, inputs: RoundInputs, slots: Sequence[int]) -> tuple[RoundInputs, Tensor]:
         """The bucket-sized round the compiled step runs, and the cache row of each input
         row: every input row at its slot's row, inert rows everywhere else."""
-        rows = upload([self._row(s) for s in slots], self.device)
+        rows = upload([self.row_of(s) for s in slots], self.device)
         bucket = self.bucket(len(self._rows))
         features, num_new, anchor, anchor_pos, temperature, seed = inputs.tensors()
         full = RoundInputs(
@@ -250,7 +247,7 @@ class Runner:
         """The slots' rows, once the slots and the inputs' shapes are checked."""
         if not isinstance(slots, Sequence) or not slots:
             raise InputError("slots", repr(slots), "a non-empty sequence of admitted slots")
-        rows = [self._row(slot) for slot in slots]
+        rows = [self.row_of(slot) for slot in slots]
         if len(set(slots)) != len(slots):
             raise InputError("slots", f"{list(slots)} repeats a slot", "distinct slots")
         features = inputs.features
@@ -312,4 +309,3 @@ class Runner:
 
 def _copy(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.clone()
-

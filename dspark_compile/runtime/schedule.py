@@ -9,8 +9,10 @@ Verify lengths ``l[r]`` cost a target step of ``B = sum_r (1 + l[r])`` tokens an
 order of ``a``, best first, while ``tau * SPS(B)`` grows, and stops at the first that does
 not. A target that pads every row to the widest (no ragged batches) charges a step by its
 width instead: there :func:`verify_width` is exact, every row verifying the same number of
-drafts, the one that maximises ``tau * SPS(width)``. Everything here is tensor code of fixed
-shapes with no host synchronisation, so it can run inside a captured graph.
+drafts, the one that maximises ``tau * SPS(width)``. Both are tensor code of fixed shapes
+with no host synchronisation, so they run inside a captured graph. :class:`LaggedSchedule`
+(DSpark's production variant) runs them on the host over each request's confidences of
+rounds before.
 """
 
 from __future__ import annotations
