@@ -38,7 +38,8 @@ class Runner:
     input tensors): a round copies its inputs in and, on a GPU, replays one CUDA graph
     captured here around the backend's step. Only ids, confidences and the rules vector come
     back to the host, packed on the device into one copy to a pinned buffer; the tensors
-    ``draft`` returns are the caller's to keep.
+    ``draft`` returns are the caller's to keep, but q (``probs``), which stays on the device
+    and is read within the round, lasts until the next round only.
     A round whose features do not have k+1 rows (a prompt) is first appended eagerly
     (prefill), then the bound step runs with no new rows.
 
@@ -210,7 +211,9 @@ class Runner:
     @torch.no_grad()
     def draft(self, inputs: RoundInputs, slots: Sequence[int]) -> DraftOutput:
         """One round for ``slots``: ids and confidences on the host, in the order of
-        ``slots`` (q, when the artifact has it, stays on the device)."""
+        ``slots`` (q, when the artifact has it, stays on the device until the next round:
+        where the round is the whole bucket in order it is the step's own output, not a
+        copy of ``[R, k, V]`` floats)."""
         with self._exclusive():
             rows = self._check(inputs, slots)
             inputs = self._with_defaults(inputs)
@@ -300,8 +303,8 @@ class Runner:
         if not self.lane.confidence_head:  # the drafter has none: the step's NaNs stay
             confidences = None
         lengths = lengths[0] if lengths else None
-        if rows is None:  # copies: the buffers are the next round's
-            return DraftOutput(ids.clone(), _copy(confidences), _copy(probs), _copy(lengths))
+        if rows is None:  # copies: the buffers are the next round's (q: see draft)
+            return DraftOutput(ids.clone(), _copy(confidences), probs, _copy(lengths))
         return DraftOutput(ids[rows], None if confidences is None else confidences[rows],
                            None if probs is None else probs[upload(rows, probs.device)],
                            None if lengths is None else lengths[rows])

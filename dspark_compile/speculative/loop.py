@@ -130,7 +130,9 @@ class _Loop:
         self.refill(list(range(min(self.target.rows, len(self.queue)))))
         pending: Optional[_Verified] = None
         while True:
-            live = [r for r in range(self.target.rows) if self.serving[r] is not None]
+            # in the runner's row order: a round of all its rows then needs no layout
+            live = sorted((r for r in range(self.target.rows) if self.serving[r] is not None),
+                          key=lambda r: self.runner.row_of(self.slots[r]))
             if not live:
                 break
             begin = StreamMark(self.device)

@@ -84,6 +84,23 @@ def test_the_busy_span_ends_where_the_queue_runs_dry(device, tmp_path):
     assert 0 < result.prefill_seconds < result.seconds
 
 
+def test_a_round_of_every_row_needs_no_layout_after_rows_are_refilled(device, tmp_path):
+    # refills move the runner's rows (a released slot's row takes the last one): the loop
+    # hands it the round in its own row order, so a round of all rows copies straight in
+    target, runner, run = decoded(device, 2, REQUESTS, tmp_path)
+    rounds, layout = [], runner.layout
+
+    def counted(inputs, slots):
+        rounds.append(len(slots))
+        return layout(inputs, slots)
+    runner.layout = counted
+    result = run()
+    assert rounds and all(count < 2 for count in rounds)
+    assert result.passes > len(rounds)  # the rounds of both rows took no layout
+    for request, completion in zip(REQUESTS, result.completions):
+        assert completion.tokens == target.greedy(request.prompt, request.max_new_tokens)
+
+
 def test_no_busy_span_where_every_request_has_a_row_from_the_start(device, tmp_path):
     _, _, run = decoded(device, 2, REQUESTS[:2], tmp_path)
     result = run()
