@@ -202,8 +202,9 @@ class _Loop:
         """The live rows' round: each row's accepted context rows, or its prompt."""
         index = upload(live, self.device)
         width = max([self.k + 1] + [len(self.prompts[r]) for r in live if r in self.prompts])
-        features = self.features.new_zeros(len(live), width, self.features.shape[-1])
-        features[:, :self.k + 1] = self.features[index]
+        features = self.features[index]
+        if width > self.k + 1:  # room for a longer prompt
+            features = torch.nn.functional.pad(features, (0, 0, 0, width - self.k - 1))
         for i, row in enumerate(live):
             if row in self.prompts:
                 prompt = self.prompts.pop(row)
