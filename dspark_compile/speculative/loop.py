@@ -242,15 +242,18 @@ class _Loop:
             if keep:
                 self.completions[request].confidences.append(c)
         index, picked = upload(rows, self.device), upload(going, self.device)
-        logits, position = logits[index], self.position[index]
+        position = self.position[index]
         device_lengths = None if lengths is None else upload(lengths, self.device)
         if self.temperature > 0:
-            p = torch.softmax(logits / self.temperature, -1)
+            p = torch.softmax(logits[index] / self.temperature, -1)
             accepted, emitted = verify_sampling(drafted[index], out.probs[picked, :width], p,
                                                 self.seed[index], position, device_lengths)
-        else:
-            accepted, emitted = verify_greedy(drafted[index], logits.argmax(-1), device_lengths)
-        self.features.index_fill_(0, index, 0)  # a scalar set by index would wait
+        else:  # the rows' picks, not their [width, V] logits, gathered
+            accepted, emitted = verify_greedy(drafted[index], logits.argmax(-1)[index],
+                                              device_lengths)
+        # zeros past this pass's rows (index_fill_: a scalar set by index would wait)
+        if width < self.k:
+            self.features.index_fill_(0, index, 0)
         self.features[index, :width + 1] = features[index]
         self.num_new[index] = accepted + 1
         self.anchor[index] = emitted[torch.arange(len(going), device=self.device), accepted]
