@@ -44,17 +44,21 @@ def verify_sampling(draft_ids: Tensor, q: Tensor, p: Tensor, seed: Tensor, posit
     """
     R, k = draft_ids.shape
     rows = torch.arange(R, device=draft_ids.device)
-    if lengths is not None:  # drafts past a row's length: as if never drafted (q = 0)
-        q = q * (torch.arange(k, device=q.device)[None, :] < lengths[:, None])[..., None]
+    drafted = torch.full((R,), k, device=draft_ids.device) if lengths is None else lengths
+    # drafts past a row's length: as if never drafted (q = 0); only the [R, k] and [R, V]
+    # entries read are masked, never all of q
     p_draft = p[:, :k].gather(-1, draft_ids[..., None]).squeeze(-1)
-    q_draft = q.gather(-1, draft_ids[..., None]).squeeze(-1)
+    q_draft = q.gather(-1, draft_ids[..., None]).squeeze(-1) * (
+        torch.arange(k, device=q.device)[None, :] < drafted[:, None])
     u = uniform(seed, position, ACCEPT_STREAM, k)
     accept = u * q_draft.double() < p_draft.double()  # u < p/q, without dividing by 0
     accept &= q_draft > 0  # never a draft of no chance: one past a row's length
     accepted = torch.cumprod(accept.long(), dim=1).sum(dim=1)
     # the distribution of the token after the accepted prefix: residual, or p_k as bonus
-    q_padded = torch.cat([q, q.new_zeros(q.shape[0], 1, q.shape[-1])], dim=1)
-    residual = (p[rows, accepted] - q_padded[rows, accepted]).clamp_min(0).double()
+    # (q there is 0 once every verified draft was accepted)
+    q_next = (q[rows, accepted.clamp(max=k - 1)] * (accepted < drafted)[:, None] if k
+              else q.new_zeros(R, q.shape[-1]))
+    residual = (p[rows, accepted] - q_next).clamp_min(0).double()
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual,
                            p[rows, accepted].double())  # p == q: nothing left to correct
     noise = gumbel(seed, position, RESAMPLE_STREAM, p.shape[-1])
