@@ -14,11 +14,11 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from dspark_compile.rng import gumbel, uniform
+from dspark_compile.rng import uniform
 
-# noise streams of the verifier, apart from the drafter's steps 0 .. k-1
+# the verifier's noise stream, apart from the drafter's steps 0 .. k-1: per row, k uniforms
+# for the drafts' acceptance and one for the correction
 ACCEPT_STREAM = 1 << 20
-RESAMPLE_STREAM = (1 << 20) + 1
 
 
 def verify_greedy(draft_ids: Tensor, target_ids: Tensor, lengths: Optional[Tensor] = None
@@ -50,8 +50,8 @@ def verify_sampling(draft_ids: Tensor, q: Tensor, p: Tensor, seed: Tensor, posit
     p_draft = p[:, :k].gather(-1, draft_ids[..., None]).squeeze(-1)
     q_draft = q.gather(-1, draft_ids[..., None]).squeeze(-1) * (
         torch.arange(k, device=q.device)[None, :] < drafted[:, None])
-    u = uniform(seed, position, ACCEPT_STREAM, k)
-    accept = u * q_draft.double() < p_draft.double()  # u < p/q, without dividing by 0
+    u = uniform(seed, position, ACCEPT_STREAM, k + 1)
+    accept = u[:, :k] * q_draft.double() < p_draft.double()  # u < p/q, without dividing by 0
     accept &= q_draft > 0  # never a draft of no chance: one past a row's length
     accepted = torch.cumprod(accept.long(), dim=1).sum(dim=1)
     # the distribution of the token after the accepted prefix: residual, or p_k as bonus
@@ -61,8 +61,10 @@ def verify_sampling(draft_ids: Tensor, q: Tensor, p: Tensor, seed: Tensor, posit
     residual = (p[rows, accepted] - q_next).clamp_min(0).double()
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual,
                            p[rows, accepted].double())  # p == q: nothing left to correct
-    noise = gumbel(seed, position, RESAMPLE_STREAM, p.shape[-1])
-    correction = (residual.log() + noise).argmax(dim=-1)
+    # inverse transform: the first token whose cumulative mass passes u of the total (a
+    # token of no mass never does); one uniform a row, not a noise vector of V
+    cumulative = residual.cumsum(-1)
+    correction = torch.searchsorted(cumulative, u[:, k:] * cumulative[:, -1:], right=True)
     tokens = torch.cat([draft_ids, draft_ids.new_zeros(R, 1)], dim=1)
-    tokens[rows, accepted] = correction
+    tokens[rows, accepted] = correction[:, 0]
     return accepted, tokens

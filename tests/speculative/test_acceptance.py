@@ -55,3 +55,23 @@ def test_greedy_drafts_are_verified_exactly_by_a_one_hot_target():
     p = torch.nn.functional.one_hot(torch.tensor([[2, 3, 0, 1]]), 4).double()
     accepted, tokens = verify_sampling(draft, q, p, torch.tensor([0]), torch.tensor([0]))
     assert accepted.tolist() == [2] and tokens[0, :3].tolist() == [2, 3, 0]
+
+
+def test_a_correction_is_never_a_token_the_residual_gives_no_mass():
+    # p on a few scattered tokens, q on others: after a rejection the correction comes from
+    # p's support less q's, whatever the noise (the first and the last token included)
+    V, trials = 64, 4_000
+    generator = torch.Generator().manual_seed(3)
+    support = [0, 17, 40, 63]
+    p = torch.zeros(trials, 2, V, dtype=torch.float64)
+    p[:, :, support] = torch.rand(trials, 2, len(support), generator=generator,
+                                  dtype=torch.float64)
+    p /= p.sum(-1, keepdim=True)
+    q = torch.zeros(trials, 1, V, dtype=torch.float64)
+    q[:, 0, 5] = 1.0  # a draft p never makes: always rejected
+    draft = torch.full((trials, 1), 5)
+    accepted, tokens = verify_sampling(draft, q, p, torch.arange(trials),
+                                       torch.full((trials,), 3))
+    assert bool((accepted == 0).all())
+    corrections = tokens[:, 0]
+    assert set(corrections.tolist()) == set(support)
