@@ -136,13 +136,14 @@ class _Loop:
             if not live:
                 break
             begin = StreamMark(self.device)
-            out = self.runner.draft(self.round_inputs(live), [self.slots[r] for r in live])
+            inputs, index = self.round_inputs(live)
+            out = self.runner.draft(inputs, [self.slots[r] for r in live])
             self.marks["draft"].append((begin, StreamMark(self.device)))
             # the download above waited for everything queued before it
             self.take_firsts()
             done = self.finished(pending) if pending else []
             going = [i for i, r in enumerate(live) if r not in done]
-            following = self.verify(live, going, out) if going else None
+            following = self.verify(live, going, out, index) if going else None
             if pending:
                 self.record(pending)
             for row in done:
@@ -198,8 +199,9 @@ class _Loop:
                 self.completions[request].tokens.append(token)
         self.firsts.clear()
 
-    def round_inputs(self, live: list[int]) -> RoundInputs:
-        """The live rows' round: each row's accepted context rows, or its prompt."""
+    def round_inputs(self, live: list[int]) -> tuple[RoundInputs, Tensor]:
+        """The live rows' round (each row's accepted context rows, or its prompt), and the
+        rows on the device."""
         index = upload(live, self.device)
         width = max([self.k + 1] + [len(self.prompts[r]) for r in live if r in self.prompts])
         features = self.features[index]
@@ -211,9 +213,10 @@ class _Loop:
                 features[i, :len(prompt)] = prompt
         temperature = torch.full((len(live),), self.temperature, device=self.device)
         return RoundInputs(features.to(self.dtype), self.num_new[index], self.anchor[index],
-                           self.position[index], temperature, self.seed[index])
+                           self.position[index], temperature, self.seed[index]), index
 
-    def verify(self, live: list[int], going: list[int], out: DraftOutput) -> _Verified:
+    def verify(self, live: list[int], going: list[int], out: DraftOutput, live_index: Tensor
+               ) -> _Verified:
         """The target's pass over every row, the live rows' drafts checked; the rows that go
         on move to their next round. Returns the verification, still on its way to the
         host. With a schedule the pass is as wide as the longest verify length needs (the
@@ -241,12 +244,17 @@ class _Loop:
         for request, keep, c in zip(requests, kept, confidences):
             if keep:
                 self.completions[request].confidences.append(c)
-        index, picked = upload(rows, self.device), upload(going, self.device)
+        every = len(going) == len(live)  # then the round's own rows, and q as it is
+        index = live_index if every else upload(rows, self.device)
         position = self.position[index]
         device_lengths = None if lengths is None else upload(lengths, self.device)
         if self.temperature > 0:
-            p = torch.softmax(logits[index] / self.temperature, -1)
-            accepted, emitted = verify_sampling(drafted[index], out.probs[picked, :width], p,
+            q = out.probs[:, :width] if every else out.probs[upload(going, self.device), :width]
+            scaled = logits[index]  # a copy: scaled in place, and not at all at T = 1
+            if self.temperature != 1.0:
+                scaled /= self.temperature
+            p = torch.softmax(scaled, -1)
+            accepted, emitted = verify_sampling(drafted[index], q, p,
                                                 self.seed[index], position, device_lengths)
         else:  # the rows' picks, not their [width, V] logits, gathered
             accepted, emitted = verify_greedy(drafted[index], logits.argmax(-1)[index],
