@@ -120,6 +120,7 @@ class _Loop:
         self.seed = torch.zeros(rows, dtype=torch.long, device=device)
         self.features: Optional[Tensor] = None  # [rows, k+1, F]: each row's next context
         self.prompts: dict[int, Tensor] = {}  # a refilled row's prompt features
+        self.temperatures: dict[int, Tensor] = {}  # [R] of the temperature, per R
         self.marks: dict[str, list[tuple[StreamMark, StreamMark]]] = {
             "draft": [], "verify": [], "prefill": []}
         self.pass_tokens: list[int] = []  # the tokens each pass gave requests that wanted them
@@ -143,7 +144,7 @@ class _Loop:
             self.take_firsts()
             done = self.finished(pending) if pending else []
             going = [i for i, r in enumerate(live) if r not in done]
-            following = self.verify(live, going, out, index) if going else None
+            following = self.verify(live, going, out, inputs, index) if going else None
             if pending:
                 self.record(pending)
             for row in done:
@@ -211,12 +212,15 @@ class _Loop:
             if row in self.prompts:
                 prompt = self.prompts.pop(row)
                 features[i, :len(prompt)] = prompt
-        temperature = torch.full((len(live),), self.temperature, device=self.device)
+        if len(live) not in self.temperatures:
+            self.temperatures[len(live)] = torch.full((len(live),), self.temperature,
+                                                      device=self.device)
         return RoundInputs(features.to(self.dtype), self.num_new[index], self.anchor[index],
-                           self.position[index], temperature, self.seed[index]), index
+                           self.position[index], self.temperatures[len(live)],
+                           self.seed[index]), index
 
-    def verify(self, live: list[int], going: list[int], out: DraftOutput, live_index: Tensor
-               ) -> _Verified:
+    def verify(self, live: list[int], going: list[int], out: DraftOutput, inputs: RoundInputs,
+               live_index: Tensor) -> _Verified:
         """The target's pass over every row, the live rows' drafts checked; the rows that go
         on move to their next round. Returns the verification, still on its way to the
         host. With a schedule the pass is as wide as the longest verify length needs (the
@@ -244,9 +248,9 @@ class _Loop:
         for request, keep, c in zip(requests, kept, confidences):
             if keep:
                 self.completions[request].confidences.append(c)
-        every = len(going) == len(live)  # then the round's own rows, and q as it is
+        every = len(going) == len(live)  # then the round's own rows, inputs and q as they are
         index = live_index if every else upload(rows, self.device)
-        position = self.position[index]
+        position = inputs.anchor_pos if every else self.position[index]
         device_lengths = None if lengths is None else upload(lengths, self.device)
         if self.temperature > 0:
             q = out.probs[:, :width] if every else out.probs[upload(going, self.device), :width]
@@ -254,8 +258,9 @@ class _Loop:
             if self.temperature != 1.0:
                 scaled /= self.temperature
             p = torch.softmax(scaled, -1)
-            accepted, emitted = verify_sampling(drafted[index], q, p,
-                                                self.seed[index], position, device_lengths)
+            seed = inputs.seed if every else self.seed[index]
+            accepted, emitted = verify_sampling(drafted[index], q, p, seed, position,
+                                                device_lengths)
         else:  # the rows' picks, not their [width, V] logits, gathered
             accepted, emitted = verify_greedy(drafted[index], logits.argmax(-1)[index],
                                               device_lengths)
@@ -263,9 +268,10 @@ class _Loop:
         if width < self.k:
             self.features.index_fill_(0, index, 0)
         self.features[index, :width + 1] = features[index]
-        self.num_new[index] = accepted + 1
-        self.anchor[index] = emitted[torch.arange(len(going), device=self.device), accepted]
-        self.position[index] = position + accepted + 1
+        made = accepted + 1
+        self.num_new[index] = made
+        self.anchor[index] = emitted.gather(1, accepted[:, None])[:, 0]
+        self.position[index] = position + made
         verified = lengths.tolist() if lengths is not None else [self.k] * len(rows)
         return _Verified(rows, requests, download(accepted), download(emitted), verified,
                          kept)
