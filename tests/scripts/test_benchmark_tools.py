@@ -91,3 +91,19 @@ def test_real_rounds_tiled_into_a_wider_lane_walk_as_the_drafter_does(tmp_path):
     walked = markov_loop(SimpleNamespace(markov_head=tiled, d2t=None, lane=lane),
                          base_logits=tiled_base, anchor=tiled_anchor, **inputs)[0]
     assert torch.equal(walked, expected)
+
+
+def test_loop_overhead_times_rounds_whose_greedy_text_is_the_bigram_walk(tmp_path, device):
+    out = tmp_path / "overhead.json"
+    run_script("loop_overhead.py", "--backend", "eager", "--batches", "1", "2",
+               "--new-tokens", "12", "--device", device.type,
+               "--artifacts-dir", str(tmp_path / "a"), "--out", str(out), cwd=tmp_path)
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["temperature"], r["batch"]) for r in rows] == [(0.0, 1), (0.0, 2), (1.0, 1),
+                                                              (1.0, 2)]
+    for row in rows:
+        # a round makes 1 .. k+1 tokens a request (the tiny lane's k is 5)
+        assert 12 / 6 <= row["rounds"] <= 12
+        assert 0 < row["pass_ms"] < row["ms_per_round"]
+        assert 0 < row["draft_ms"] <= row["outside_pass_ms"] <= row["ms_per_round"]
+    assert [r["greedy_walks"] for r in rows[:2]] == [1, 2]
