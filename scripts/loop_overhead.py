@@ -1,11 +1,9 @@
 """The speculative loop's own time a round: what ``decode`` spends outside the target's pass
 (the draft, the verification, the host's work), with a target whose pass is two table
-lookups, so nearly all of a round is the loop's and the runner's.
-
-The target is a bigram model: a token's next-token logits and its features are rows of two
-seeded random tables, whatever came before it (its greedy text is the walk of argmax over
-the rows, which the greedy rows check). The drafter has random weights, so few drafts are
-accepted: the figure is the cost a round pays, not a speedup.
+lookups (``tools.bigram``), so nearly all of a round is the loop's and the runner's; its
+greedy text is the walk of argmax over its table, which the greedy rows check. The drafter
+has random weights, so few drafts are accepted: the figure is the cost a round pays, not a
+speedup.
 
     python scripts/loop_overhead.py --batches 1 8 64 --temperatures 0 1 --out overhead.json
 """
@@ -17,42 +15,14 @@ import json
 from pathlib import Path
 
 import torch
-from torch import Tensor
 
 from dspark_compile.checkpoint import random_drafter
 from dspark_compile.compile import build_artifact
 from dspark_compile.compile.key import environment
 from dspark_compile.config import lane_config
 from dspark_compile.runtime import load_runner
-from dspark_compile.runtime.transfer import upload
 from dspark_compile.speculative import Request, decode
-
-
-class BigramTarget:
-    """``rows`` rows of a bigram model (the loop's ``Target``): a pass looks its tokens up."""
-
-    def __init__(self, vocab: int, feature_size: int, rows: int, device: torch.device):
-        generator = torch.Generator(device).manual_seed(11)  # made there: V x V is large
-        self.logits = torch.randn(vocab, vocab, generator=generator, device=device)
-        self.features = torch.randn(vocab, feature_size, generator=generator, device=device)
-        self.rows, self.device = rows, device
-
-    def prefill(self, rows: list[int], prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
-        tokens = torch.zeros(len(prompts), max(map(len, prompts)), dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            tokens[i, :len(prompt)] = torch.tensor(prompt)
-        last = upload([prompt[-1] for prompt in prompts], self.device)
-        return self.logits[last], self.features[upload(tokens, self.device)]
-
-    def verify(self, tokens: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
-        return self.logits[tokens], self.features[tokens]
-
-    def greedy(self, prompt: list[int], new_tokens: int) -> list[int]:
-        out, token = [], prompt[-1]
-        for _ in range(new_tokens):
-            token = int(self.logits[token].argmax())
-            out.append(token)
-        return out
+from dspark_compile.tools.bigram import BigramTarget
 
 
 def measure(runner, target: BigramTarget, requests: list[Request], temperature: float

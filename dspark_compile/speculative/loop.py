@@ -8,6 +8,10 @@ output; sampled verification (``temperature > 0``, an artifact built ``with_prob
 its distribution. One host synchronisation a round, the runner's own: when a round's ids
 reach the host the previous verification is done too, so its outcome is read without
 waiting, and the loop learns that a request is done one round late.
+
+Where drafting costs more than it gains (many rows, a high temperature), a round can be the
+target's own step instead (``max_draft_rows``): no draft, one token a request, the pass
+one token wide. The drafter reads the context it missed at its next round.
 """
 
 from __future__ import annotations
@@ -15,72 +19,50 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from dspark_compile.draft import DraftOutput, RoundInputs
-from dspark_compile.draft.sampling import sample
 from dspark_compile.errors import ConfigError, InputError
 from dspark_compile.runtime import Runner
 from dspark_compile.runtime.marks import StreamMark
 from dspark_compile.runtime.transfer import download, upload
 from dspark_compile.speculative.acceptance import verify_greedy, verify_sampling
 from dspark_compile.speculative.requests import Completion, Decoded, Request
-
-FIRST_TOKEN_STREAM = (1 << 20) + 2  # the target's own first sample, apart from other noise
-
-
-class Target(Protocol):
-    """The model being sped up, as the loop calls it: ``rows`` KV caches, one request each.
-    A pass writes its tokens' keys at their positions in a row and attends to that row's
-    cache below them (what a longer earlier pass left beyond them is masked, then
-    overwritten). Logits are fp32; features are the drafter's taps, concatenated."""
-
-    rows: int
-
-    def prefill(self, rows: list[int], prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
-        """The prompts into ``rows`` from position 0: each prompt's last logits
-        ``[len(rows), V]`` and its features ``[len(rows), longest prompt, F]``."""
-
-    def verify(self, tokens: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
-        """``tokens [rows, n]`` at positions ``start[r] + i`` in every row: logits
-        ``[rows, n, V]`` and features ``[rows, n, F]``. ``n`` is k+1, or fewer where a
-        schedule verifies fewer drafts."""
-
-
-def pick_target_token(logits: Tensor, temperature: float, seed: Tensor, position: Tensor
-                      ) -> Tensor:
-    """The target's own token: argmax, or a Gumbel-max sample at the temperature (the draft
-    step's own sampling, on a noise stream of its own)."""
-    temperatures = torch.full(seed.shape, temperature, dtype=torch.float32, device=seed.device)
-    return sample(logits, temperatures, seed, position, FIRST_TOKEN_STREAM)
-
+from dspark_compile.speculative.target import Target, pick_target_token
 
 Schedule = Callable[[Tensor], Tensor]  # confidences [R, k] on the host -> verify lengths [R]
 
 
 @torch.no_grad()
 def decode(target: Target, runner: Runner, requests: Sequence[Request],
-           temperature: float = 0.0, schedule: Optional[Schedule] = None) -> Decoded:
+           temperature: float = 0.0, schedule: Optional[Schedule] = None,
+           max_draft_rows: Optional[int] = None) -> Decoded:
     """Every request's ``max_new_tokens`` new tokens, ``target.rows`` requests at a time.
 
     How many of each round's drafts are verified: the lengths a scheduled runner returns
     (:meth:`~dspark_compile.runtime.Runner.schedule`, from the round's confidences or,
     lagged, from each request's of rounds before), else ``schedule``'s of the round's
-    confidences (for example a fixed length), else every draft."""
+    confidences (for example a fixed length), else every draft. ``max_draft_rows``: a
+    round of more requests than this drafts nothing and is the target's own step (None:
+    every round drafts). Requests fill every row until the queue is empty, then fewer, so
+    with rows to spare such rounds come first: a request's drafter reads its prompt and
+    the steps after it at its first round."""
     if temperature > 0 and not runner.manifest["with_probs"]:
         raise ConfigError("temperature: sampled verification needs the draft distribution; "
                           "build the artifact with with_probs=True")
     if schedule is not None and not runner.lane.confidence_head:
         raise ConfigError("schedule: the drafter has no confidence head to schedule by")
+    if max_draft_rows is not None and max_draft_rows < 0:
+        raise ConfigError(f"max_draft_rows={max_draft_rows}: expected 0 or more, or None")
     for i, request in enumerate(requests):
         if not request.prompt or request.max_new_tokens < 1:
             raise InputError(f"requests[{i}]", f"a prompt of {len(request.prompt)} tokens "
                              f"and max_new_tokens={request.max_new_tokens}",
                              "a prompt of at least one token and max_new_tokens >= 1")
-    return _Loop(target, runner, requests, temperature, schedule).run()
+    return _Loop(target, runner, requests, temperature, schedule, max_draft_rows).run()
 
 
 @dataclass
@@ -93,6 +75,7 @@ class _Verified:
     emitted: Tensor
     verified: list[int]
     kept: list[bool]  # whether each request still wanted tokens (its round counts)
+    drafted: bool  # False: the target's own step, no round of the drafter's
 
 
 class _Loop:
@@ -102,9 +85,10 @@ class _Loop:
     it does the round's bookkeeping per request."""
 
     def __init__(self, target: Target, runner: Runner, requests: Sequence[Request],
-                 temperature: float, schedule: Optional[Schedule]):
+                 temperature: float, schedule: Optional[Schedule],
+                 max_draft_rows: Optional[int]):
         self.target, self.runner, self.requests = target, runner, requests
-        self.schedule = schedule
+        self.schedule, self.max_draft_rows = schedule, max_draft_rows
         self.temperature, self.k, self.device = temperature, runner.lane.k, runner.device
         self.dtype = runner.lane.torch_dtype
         rows, device = target.rows, runner.device
@@ -119,7 +103,9 @@ class _Loop:
         self.num_new = torch.zeros(rows, dtype=torch.long, device=device)
         self.seed = torch.zeros(rows, dtype=torch.long, device=device)
         self.features: Optional[Tensor] = None  # [rows, k+1, F]: each row's next context
-        self.prompts: dict[int, Tensor] = {}  # a refilled row's prompt features
+        # a refilled row's prompt features, and those of the target's own steps before its
+        # first round
+        self.prompts: dict[int, list[Tensor]] = {}
         self.temperatures: dict[int, Tensor] = {}  # [R] of the temperature, per R
         self.marks: dict[str, list[tuple[StreamMark, StreamMark]]] = {
             "draft": [], "verify": [], "prefill": []}
@@ -136,11 +122,17 @@ class _Loop:
                           key=lambda r: self.runner.row_of(self.slots[r]))
             if not live:
                 break
-            begin = StreamMark(self.device)
-            inputs, index = self.round_inputs(live)
-            out = self.runner.draft(inputs, [self.slots[r] for r in live])
-            self.marks["draft"].append((begin, StreamMark(self.device)))
-            # the download above waited for everything queued before it
+            inputs = out = None
+            if self.drafting(live):
+                begin = StreamMark(self.device)
+                inputs, index = self.round_inputs(live)
+                out = self.runner.draft(inputs, [self.slots[r] for r in live])
+                self.marks["draft"].append((begin, StreamMark(self.device)))
+            else:
+                index = upload(live, self.device)
+                if self.device.type == "cuda":
+                    torch.cuda.current_stream(self.device).synchronize()
+            # the download or the wait above waited for everything queued before it
             self.take_firsts()
             done = self.finished(pending) if pending else []
             going = [i for i, r in enumerate(live) if r not in done]
@@ -191,7 +183,7 @@ class _Loop:
         for row, request, prompt in zip(rows, chosen, features):
             self.serving[row], self.slots[row] = request, self.runner.admit()
             self.made[request] = 1
-            self.prompts[row] = prompt
+            self.prompts[row] = [prompt]
 
     def take_firsts(self) -> None:
         """The refilled requests' first tokens into their completions (call after a wait)."""
@@ -200,18 +192,24 @@ class _Loop:
                 self.completions[request].tokens.append(token)
         self.firsts.clear()
 
+    def drafting(self, live: list[int]) -> bool:
+        """Whether the round drafts (else it is the target's own step): within
+        ``max_draft_rows``. Until the queue is empty every row is live, then fewer: a round
+        that drafts is followed by rounds that draft."""
+        return self.max_draft_rows is None or len(live) <= self.max_draft_rows
+
     def round_inputs(self, live: list[int]) -> tuple[RoundInputs, Tensor]:
         """The live rows' round (each row's accepted context rows, or its prompt), and the
         rows on the device."""
         index = upload(live, self.device)
-        width = max([self.k + 1] + [len(self.prompts[r]) for r in live if r in self.prompts])
+        prompts = {r: torch.cat(self.prompts.pop(r)) for r in live if r in self.prompts}
+        width = max([self.k + 1] + [len(p) for p in prompts.values()])
         features = self.features[index]
         if width > self.k + 1:  # room for a longer prompt
             features = torch.nn.functional.pad(features, (0, 0, 0, width - self.k - 1))
         for i, row in enumerate(live):
-            if row in self.prompts:
-                prompt = self.prompts.pop(row)
-                features[i, :len(prompt)] = prompt
+            if row in prompts:
+                features[i, :len(prompts[row])] = prompts[row]
         if len(live) not in self.temperatures:
             self.temperatures[len(live)] = torch.full((len(live),), self.temperature,
                                                       device=self.device)
@@ -219,22 +217,22 @@ class _Loop:
                            self.position[index], self.temperatures[len(live)],
                            self.seed[index]), index
 
-    def verify(self, live: list[int], going: list[int], out: DraftOutput, inputs: RoundInputs,
-               live_index: Tensor) -> _Verified:
-        """The target's pass over every row, the live rows' drafts checked; the rows that go
-        on move to their next round. Returns the verification, still on its way to the
-        host. With a schedule the pass is as wide as the longest verify length needs (the
-        lengths are on the host already: no synchronisation)."""
-        rows, width = [live[i] for i in going], self.k
-        lengths = None
-        if out.lengths is not None:
+    def verify(self, live: list[int], going: list[int], out: Optional[DraftOutput],
+               inputs: Optional[RoundInputs], live_index: Tensor) -> _Verified:
+        """The target's pass over every row, the live rows' drafts checked (``out`` None:
+        the target's own step, no drafts); the rows that go on move to their next round.
+        Returns the verification, still on its way to the host. With a schedule the pass is
+        as wide as the longest verify length needs (the lengths are on the host already: no
+        synchronisation)."""
+        rows, lengths = [live[i] for i in going], None
+        if out is not None and out.lengths is not None:
             lengths = out.lengths[going]
-        elif self.schedule is not None:
+        elif out is not None and self.schedule is not None:
             lengths = self.schedule(out.confidences[going])
-        if lengths is not None:
-            width = int(lengths.max())
+        width = 0 if out is None else self.k if lengths is None else int(lengths.max())
         drafted = torch.zeros(self.target.rows, width, dtype=torch.long)  # up in one copy
-        drafted[rows] = out.ids[going, :width]
+        if width:
+            drafted[rows] = out.ids[going, :width]
         drafted = upload(drafted, self.device)
         begin = StreamMark(self.device)
         logits, features = self.target.verify(torch.cat([self.anchor[:, None], drafted], 1),
@@ -243,17 +241,23 @@ class _Loop:
         # the rest while the pass runs
         requests = [self.serving[row] for row in rows]
         kept = [self.made[r] < self.requests[r].max_new_tokens for r in requests]
-        confidences = [[]] * len(rows) if out.confidences is None \
-            else out.confidences[going].tolist()
-        for request, keep, c in zip(requests, kept, confidences):
-            if keep:
-                self.completions[request].confidences.append(c)
+        if out is not None:
+            confidences = [[]] * len(rows) if out.confidences is None \
+                else out.confidences[going].tolist()
+            for request, keep, c in zip(requests, kept, confidences):
+                if keep:
+                    self.completions[request].confidences.append(c)
         every = len(going) == len(live)  # then the round's own rows, inputs and q as they are
         index = live_index if every else upload(rows, self.device)
+        every = every and inputs is not None
         position = inputs.anchor_pos if every else self.position[index]
         device_lengths = None if lengths is None else upload(lengths, self.device)
         if self.temperature > 0:
-            q = out.probs[:, :width] if every else out.probs[upload(going, self.device), :width]
+            if out is None:
+                q = logits.new_zeros(len(rows), 0, logits.shape[-1])
+            else:
+                q = out.probs[:, :width] if every \
+                    else out.probs[upload(going, self.device), :width]
             scaled = logits[index]  # a copy: scaled in place, and not at all at T = 1
             if self.temperature != 1.0:
                 scaled /= self.temperature
@@ -264,17 +268,22 @@ class _Loop:
         else:  # the rows' picks, not their [width, V] logits, gathered
             accepted, emitted = verify_greedy(drafted[index], logits.argmax(-1)[index],
                                               device_lengths)
-        # zeros past this pass's rows (index_fill_: a scalar set by index would wait)
-        if width < self.k:
-            self.features.index_fill_(0, index, 0)
-        self.features[index, :width + 1] = features[index]
         made = accepted + 1
-        self.num_new[index] = made
+        if out is None:  # after the prompt its drafter has yet to read (see drafting)
+            step = features.clone()  # [rows, 1, F], the pass's own buffer
+            for row in rows:
+                self.prompts[row].append(step[row])
+            self.num_new[index] += 1
+        else:  # zeros past this pass's rows (index_fill_: a scalar set by index would wait)
+            if width < self.k:
+                self.features.index_fill_(0, index, 0)
+            self.features[index, :width + 1] = features[index]
+            self.num_new[index] = made
         self.anchor[index] = emitted.gather(1, accepted[:, None])[:, 0]
         self.position[index] = position + made
-        verified = lengths.tolist() if lengths is not None else [self.k] * len(rows)
+        verified = [width] * len(rows) if lengths is None else lengths.tolist()
         return _Verified(rows, requests, download(accepted), download(emitted), verified,
-                         kept)
+                         kept, out is not None)
 
     def finished(self, pending: _Verified) -> list[int]:
         """The rows whose requests the previous round completed (its outcome is on the host
@@ -294,8 +303,9 @@ class _Loop:
         for i, (request, keep) in enumerate(zip(pending.requests, pending.kept)):
             if keep:
                 completion = self.completions[request]
-                completion.accepted.append(accepted[i])
-                completion.verified.append(pending.verified[i])
+                if pending.drafted:
+                    completion.accepted.append(accepted[i])
+                    completion.verified.append(pending.verified[i])
                 wanted = self.requests[request].max_new_tokens - len(completion.tokens)
                 made += min(accepted[i] + 1, wanted)
                 completion.tokens += emitted[i][:accepted[i] + 1]

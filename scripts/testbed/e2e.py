@@ -31,18 +31,20 @@ from target import LANE, load_target
 
 def speculative(model, runner, prompts, new_tokens: list[int], temperature: float,
                 graphs: bool, slots: int, device, schedule=None, rows: Optional[int] = None,
-                pad: Optional[dict[int, int]] = None) -> dict:
+                pad: Optional[dict[int, int]] = None, max_draft_rows: Optional[int] = None
+                ) -> dict:
     """The package's draft -> verify loop with the target in ``rows`` rows (default: as many
-    as prompts; ``pad``: LlamaTarget's), request ``i`` seeded ``i``: the tokens, the
-    accepted and verified drafts and the confidences per round, the seconds in all, and
-    those of the draft and the verification on the device's stream, and the passes."""
+    as prompts; ``pad``: LlamaTarget's; ``max_draft_rows``: decode's), request ``i`` seeded
+    ``i``: the tokens, the accepted and verified drafts and the confidences per round, the
+    seconds in all, and those of the draft and the verification on the device's stream,
+    and the passes."""
     lane = runner.lane
     target = LlamaTarget(model, rows or len(prompts), slots, lane.target_layer_ids, lane.k + 1,
                          graphs, pad)
     sync()
     run = decode(target, runner, [Request(p, n, seed=i) for i, (p, n)
                                   in enumerate(zip(prompts, new_tokens))], temperature,
-                 schedule)
+                 schedule, max_draft_rows)
     done = run.completions
     return dict(tokens=[c.tokens for c in done],
                 accepted=[a for c in done for a in c.accepted],
@@ -91,7 +93,8 @@ def baseline(model, prompts, wanted: list[int], batch: int, temperature: float, 
 
 def measure(model, runner, prompts, wanted: list[int], batch: int, temperature: float,
             graphs: bool, device, alone: tuple[list[list[int]], float, tuple[int, float]],
-            schedule=None, refill: bool = False, pad: Optional[dict[int, int]] = None) -> dict:
+            schedule=None, refill: bool = False, pad: Optional[dict[int, int]] = None,
+            max_draft_rows: Optional[int] = None) -> dict:
     """The speculative arm over the requests, as :func:`baseline` ran them (``alone``, its
     result): seconds, the rounds' accepted and verified drafts and confidences, greedy
     identity and where outputs part."""
@@ -102,7 +105,7 @@ def measure(model, runner, prompts, wanted: list[int], batch: int, temperature: 
                busy_tokens=0, busy_s=0.0, base_busy=alone[2])
     for group in groups(len(prompts), batch, refill):
         spec = speculative(model, runner, prompts[group], wanted[group], temperature, graphs,
-                           slots, device, schedule, batch, pad)
+                           slots, device, schedule, batch, pad, max_draft_rows)
         for key in ("spec_s", "draft_s", "verify_s", "prefill_s", "passes", "busy_tokens",
                     "busy_s"):
             run[key] += spec[key]
@@ -189,6 +192,10 @@ def main() -> None:
                              "before, on the host; over the round's rates: the target's "
                              "profiled SPS, padded, with the every-draft arm's time outside "
                              "the pass (the prompts' prefills apart) added")
+    parser.add_argument("--max-draft-rows", type=int, nargs="*", default=[],
+                        help="also, for each N below the batch, rounds of more than N "
+                             "requests as the target's own steps, no draft (the width "
+                             "schedule's rounds, or every draft's without --schedule)")
     parser.add_argument("--pad", action=argparse.BooleanOptionalAction, default=True,
                         help="the speculative arms' target runs each verify width as the "
                              "fastest profiled width at least as wide")
@@ -248,9 +255,10 @@ def main() -> None:
                     sps = steps_per_second(model, batch, graphs, k, taps, slots, device)
                     pad = fastest_widths(sps, batch) if args.pad else None
 
-                    def arm(name: str, schedule=None) -> dict:
+                    def arm(name: str, schedule=None, max_draft_rows=None) -> dict:
                         run = measure(model, runner, chosen, wanted, batch, temperature,
-                                      graphs, device, alone, schedule, args.refill, pad)
+                                      graphs, device, alone, schedule, args.refill, pad,
+                                      max_draft_rows)
                         row = report(run, args, backend, batch, temperature, graphs, k, name)
                         rows.append(row | dict(pad=pad))
                         return rows[-1]
@@ -270,7 +278,12 @@ def main() -> None:
                                 round=dict(zip(rates.tokens, rates.steps_per_second)))
                         runner.schedule(rates, lag=2)  # 5.2, over the width's rates
                         arm("by width, confidences two rounds old")
-                        runner.schedule(None)
+                        runner.schedule(rates)
+                    for most in [m for m in args.max_draft_rows if m < batch]:
+                        arm(("by width" if scheduling else "every draft")
+                            + f", the target's own steps above {most} rows",
+                            max_draft_rows=most)
+                    runner.schedule(None)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(dict(rows=rows, lane=drafter.lane.to_dict()), indent=2))
     print(args.out)

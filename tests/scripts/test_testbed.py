@@ -123,6 +123,11 @@ def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
     one_draft = measure(target, runner, requests, wanted, 2, 0.0, False, CPU, baseline_run,
                         functools.partial(fixed_length, 1))
     assert set(one_draft["verified"]) == {1} and one_draft["same"] == 2
+    # rounds of both rows the target's own one-token steps; once a request is done, the
+    # other's drafter reads its prompt and the steps it missed, and drafts
+    own = measure(target, runner, requests, wanted, 2, 0.0, False, CPU, baseline_run,
+                  max_draft_rows=1)
+    assert own["same"] == 2 and len(own["verified"]) < own["passes"]
     # both arms through one row, the second request taking it when the first ends
     refilled = baseline(target, requests, wanted, 1, 0.0, False, taps, slots, CPU, True)
     assert refilled[0] == alone

@@ -185,20 +185,23 @@ def none_verified(confidences):
 
 # the token this test observes follows a round's first draft: with no draft verified it is
 # the target's own sample, never a correction of the draft
-@pytest.mark.parametrize("schedule", [None, none_verified, "algorithm 1"],
-                         ids=["every draft", "none verified", "algorithm 1 in the graph"])
+@pytest.mark.parametrize("schedule", [None, none_verified, "algorithm 1", "own steps"],
+                         ids=["every draft", "none verified", "algorithm 1 in the graph",
+                              "the target's own steps"])
 def test_sampling_follows_the_target_distribution(tmp_path, device, schedule):
     """Over many seeded requests, 8 rows at a time, the second generated token (the first
     the loop's verification emits) follows the target's own distribution at temperature 1,
-    verifying every draft or as many as a schedule says: chi-square against the exact
-    mixture sum_x1 p(x1) p(x2 | x1)."""
+    verifying every draft, as many as a schedule says, or none drafted (rounds of the
+    target's own steps): chi-square against the exact mixture sum_x1 p(x1) p(x2 | x1)."""
     vocab = 8
     lane = lane_config("tiny", target_vocab_size=vocab, draft_vocab_size=vocab, mask_token_id=7)
     target = qwen3_target(vocab, seed=7, device=device)
     with torch.no_grad():  # peaked distributions, far from the drafter's and from uniform
         target.lm_head.weight.mul_(8)
     runner = runner_for(lane, 4, 8, tmp_path, device, with_probs=True)
-    scheduled = schedule == "algorithm 1"
+    scheduled, own = schedule == "algorithm 1", schedule == "own steps"
+    if own:
+        schedule = None
     if scheduled:  # a step of 48 tokens costs 12 of one: lengths 0 .. k
         runner.schedule(StepsPerSecond((8, 48), (1000.0, 250.0)))
         schedule = None
@@ -209,12 +212,16 @@ def test_sampling_follows_the_target_distribution(tmp_path, device, schedule):
             [prompt + [x]], device=device)).logits[0, -1], -1) for x in range(vocab)])
     expected = (p1[:, None] * following).sum(0).double().cpu().numpy()
     decoded = decode(RecomputingTarget(target, 8, lane.target_layer_ids), runner,
-                     [Request(prompt, 2, seed=seed) for seed in range(runs)], 1.0, schedule)
+                     [Request(prompt, 2, seed=seed) for seed in range(runs)], 1.0, schedule,
+                     max_draft_rows=0 if own else None)
     counts = np.bincount([c.tokens[1] for c in decoded.completions], minlength=vocab)
     statistic = float(((counts - expected * runs) ** 2 / (expected * runs)).sum())
     assert statistic < 24.3  # chi-square, 7 degrees of freedom, 99.9th percentile
-    # the drafter is not the target: corrections were exercised
-    assert any(c.accepted[0] == 0 for c in decoded.completions)
+    # the drafter is not the target: corrections were exercised (own steps: no drafts)
+    if own:
+        assert all(c.accepted == [] for c in decoded.completions)
+    else:
+        assert any(c.accepted[0] == 0 for c in decoded.completions)
     if scheduled:  # rounds of several lengths
         assert len({c.verified[0] for c in decoded.completions}) > 1
 

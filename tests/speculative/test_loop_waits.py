@@ -1,5 +1,5 @@
 """The loop's host waits for the device once a round, at the draft's download, so the
-target's pass is still running while the host issues the next round. A table target
+target's pass is still running while the host issues the next round. A bigram target
 (each token's logits and features looked up, nothing synchronised of its own) leaves the
 loop's own waits to count, with CUDA's sync debug mode."""
 
@@ -12,36 +12,8 @@ from dspark_compile.checkpoint import random_drafter
 from dspark_compile.compile import build_artifact
 from dspark_compile.config import lane_config
 from dspark_compile.runtime import load_runner
-from dspark_compile.runtime.transfer import upload
 from dspark_compile.speculative import Request, decode
-
-
-class TableTarget:
-    """A bigram model: a token's next-token logits and its features are rows of two random
-    tables, whatever came before it. Its greedy text is the walk of argmax over the rows."""
-
-    def __init__(self, vocab: int, feature_size: int, rows: int, device: torch.device):
-        generator = torch.Generator().manual_seed(11)
-        self.logits = torch.randn(vocab, vocab, generator=generator).to(device)
-        self.features = torch.randn(vocab, feature_size, generator=generator).to(device)
-        self.rows, self.device = rows, device
-
-    def prefill(self, rows, prompts):
-        tokens = torch.zeros(len(prompts), max(map(len, prompts)), dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            tokens[i, :len(prompt)] = torch.tensor(prompt)
-        last = upload([prompt[-1] for prompt in prompts], self.device)
-        return self.logits[last], self.features[upload(tokens, self.device)]
-
-    def verify(self, tokens, start):
-        return self.logits[tokens], self.features[tokens]
-
-    def greedy(self, prompt: list[int], new_tokens: int) -> list[int]:
-        out, token = [], prompt[-1]
-        for _ in range(new_tokens):
-            token = int(self.logits[token].argmax())
-            out.append(token)
-        return out
+from dspark_compile.tools.bigram import BigramTarget
 
 
 def decoded(device, rows: int, requests: list[Request], directory, temperature: float = 0.0,
@@ -50,7 +22,7 @@ def decoded(device, rows: int, requests: list[Request], directory, temperature: 
     drafter = random_drafter(lane, device, seed=0)
     path, _ = build_artifact(drafter, "eager", [rows], directory, with_probs=temperature > 0)
     runner = load_runner(path, device)
-    target = TableTarget(lane.target_vocab_size, lane.feature_size, rows, device)
+    target = BigramTarget(lane.target_vocab_size, lane.feature_size, rows, device)
     return target, runner, lambda: decode(target, runner, requests, temperature, schedule)
 
 
