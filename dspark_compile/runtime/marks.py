@@ -22,3 +22,8 @@ class StreamMark:
         if self.event is None:
             return later.host - self.host
         return self.event.elapsed_time(later.event) / 1e3
+
+    def wait(self) -> None:
+        """Return once the stream has done everything queued before this mark."""
+        if self.event is not None:
+            self.event.synchronize()

@@ -123,20 +123,21 @@ class _Loop:
             if not live:
                 break
             inputs = out = None
-            if self.drafting(live):
+            drafting = self.drafting(live)
+            if drafting:  # its download waits for everything queued before it
                 begin = StreamMark(self.device)
                 inputs, index = self.round_inputs(live)
                 out = self.runner.draft(inputs, [self.slots[r] for r in live])
                 self.marks["draft"].append((begin, StreamMark(self.device)))
-            else:
-                index = upload(live, self.device)
-                if self.device.type == "cuda":
-                    torch.cuda.current_stream(self.device).synchronize()
-            # the download or the wait above waited for everything queued before it
-            self.take_firsts()
+                self.take_firsts()
+            else:  # the target's own step: its pass first, then the wait for the last one's
+                index, queued = upload(live, self.device), StreamMark(self.device)
             done = self.finished(pending) if pending else []
             going = [i for i, r in enumerate(live) if r not in done]
             following = self.verify(live, going, out, inputs, index) if going else None
+            if not drafting:
+                queued.wait()
+                self.take_firsts()
             if pending:
                 self.record(pending)
             for row in done:
@@ -287,10 +288,12 @@ class _Loop:
 
     def finished(self, pending: _Verified) -> list[int]:
         """The rows whose requests the previous round completed (its outcome is on the host
-        by now: the round's download waited for it)."""
+        by now: the round's download waited for it; a step of the target's own accepted no
+        drafts, which needs no reading)."""
         done = []
+        accepted = pending.accepted.tolist() if pending.drafted else [0] * len(pending.rows)
         for row, request, keep, accepted in zip(pending.rows, pending.requests, pending.kept,
-                                                pending.accepted.tolist()):
+                                                accepted):
             self.made[request] += (accepted + 1) * keep
             if self.made[request] >= self.requests[request].max_new_tokens:
                 done.append(row)

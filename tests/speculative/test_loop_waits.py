@@ -17,13 +17,14 @@ from dspark_compile.tools.bigram import BigramTarget
 
 
 def decoded(device, rows: int, requests: list[Request], directory, temperature: float = 0.0,
-            schedule=None):
+            schedule=None, max_draft_rows=None):
     lane = lane_config("tiny")
     drafter = random_drafter(lane, device, seed=0)
     path, _ = build_artifact(drafter, "eager", [rows], directory, with_probs=temperature > 0)
     runner = load_runner(path, device)
     target = BigramTarget(lane.target_vocab_size, lane.feature_size, rows, device)
-    return target, runner, lambda: decode(target, runner, requests, temperature, schedule)
+    return target, runner, lambda: decode(target, runner, requests, temperature, schedule,
+                                          max_draft_rows)
 
 
 REQUESTS = [Request([1, 2, 3], 24), Request([400, 17, 9], 9), Request(list(range(40, 60)), 17),
@@ -82,9 +83,12 @@ def test_no_busy_span_where_every_request_has_a_row_from_the_start(device, tmp_p
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason="waits for the device exist only on a GPU (DSPARK_TEST_DEVICE=cuda)")
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_round_waits_for_the_device_once(tmp_path, monkeypatch, temperature):
+@pytest.mark.parametrize("max_draft_rows", [None, 0], ids=["drafts", "own steps"])
+def test_a_round_waits_for_the_device_once(tmp_path, monkeypatch, temperature,
+                                           max_draft_rows):
     device = torch.device("cuda")
-    target, runner, run = decoded(device, 2, REQUESTS, tmp_path, temperature)
+    target, runner, run = decoded(device, 2, REQUESTS, tmp_path, temperature,
+                                  max_draft_rows=max_draft_rows)
     rounds = []
     draft = runner.draft
 
@@ -102,8 +106,10 @@ def test_a_round_waits_for_the_device_once(tmp_path, monkeypatch, temperature):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     waits = [w for w in caught if "synchronizing" in str(w.message)]
-    # the download of each round (prompt rounds too), and the end of the run
-    assert len(waits) <= len(rounds) + 1, [str(w.message) for w in waits][:5]
+    # the download of each round (prompt rounds too), or the wait of each of the target's
+    # own steps, and the end of the run
+    assert len(waits) <= len(rounds) + (max_draft_rows is not None) * result.passes + 1, \
+        [str(w.message) for w in waits][:5]
     for request, completion in zip(REQUESTS, result.completions):
         assert len(completion.tokens) == request.max_new_tokens
         if not temperature:
