@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -25,13 +26,13 @@ from dspark_compile.speculative import Request, decode
 from dspark_compile.tools.bigram import BigramTarget
 
 
-def measure(runner, target: BigramTarget, requests: list[Request], temperature: float
-            ) -> dict:
+def measure(runner, target: BigramTarget, requests: list[Request], temperature: float,
+            max_draft_rows: Optional[int] = None) -> dict:
     """One untimed run, then a timed one: ms a round in all, in the draft (its stream
     marks), in the target's pass, and outside the pass; greedy, whether every request got
     the bigram walk."""
-    decode(target, runner, requests, temperature)
-    run = decode(target, runner, requests, temperature)
+    decode(target, runner, requests, temperature, max_draft_rows=max_draft_rows)
+    run = decode(target, runner, requests, temperature, max_draft_rows=max_draft_rows)
     rounds = run.passes
     row = dict(rounds=rounds, tokens_per_round=sum(len(c.tokens) for c in run.completions)
                / rounds, ms_per_round=1e3 * run.seconds / rounds,
@@ -55,6 +56,9 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--max-draft-rows", type=int, default=None,
+                        help="decode's: rounds of more requests are the target's own steps "
+                             "(0: every round)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--artifacts-dir", default="artifacts")
     parser.add_argument("--out", type=Path, default=Path("bench_out/loop_overhead.json"))
@@ -74,7 +78,8 @@ def main() -> None:
             target = BigramTarget(lane.target_vocab_size, lane.feature_size, batch, device)
             requests = [Request([1 + i, 2, 3], args.new_tokens, seed=i) for i in range(batch)]
             row = dict(backend=args.backend, temperature=temperature, batch=batch,
-                       **measure(runner, target, requests, temperature))
+                       max_draft_rows=args.max_draft_rows,
+                       **measure(runner, target, requests, temperature, args.max_draft_rows))
             print(json.dumps({k: round(v, 4) if isinstance(v, float) else v
                               for k, v in row.items()}), flush=True)
             rows.append(row)
