@@ -31,8 +31,9 @@ def measure(runner, target: BigramTarget, requests: list[Request], temperature: 
     """One untimed run, then a timed one: ms a round in all, in the draft (its stream
     marks), in the target's pass, and outside the pass; greedy, whether every request got
     the bigram walk."""
-    decode(target, runner, requests, temperature, max_draft_rows=max_draft_rows)
-    run = decode(target, runner, requests, temperature, max_draft_rows=max_draft_rows)
+    own = {} if max_draft_rows is None else dict(max_draft_rows=max_draft_rows)
+    decode(target, runner, requests, temperature, **own)
+    run = decode(target, runner, requests, temperature, **own)
     rounds = run.passes
     row = dict(rounds=rounds, tokens_per_round=sum(len(c.tokens) for c in run.completions)
                / rounds, ms_per_round=1e3 * run.seconds / rounds,
