@@ -231,13 +231,15 @@ class _Loop:
         elif out is not None and self.schedule is not None:
             lengths = self.schedule(out.confidences[going])
         width = 0 if out is None else self.k if lengths is None else int(lengths.max())
-        drafted = torch.zeros(self.target.rows, width, dtype=torch.long)  # up in one copy
         if width:
+            drafted = torch.zeros(self.target.rows, width, dtype=torch.long)  # up in one copy
             drafted[rows] = out.ids[going, :width]
-        drafted = upload(drafted, self.device)
+            drafted = upload(drafted, self.device)
+            tokens = torch.cat([self.anchor[:, None], drafted], 1)
+        else:  # the anchors alone: no copy
+            drafted, tokens = self.anchor.new_empty(self.target.rows, 0), self.anchor[:, None]
         begin = StreamMark(self.device)
-        logits, features = self.target.verify(torch.cat([self.anchor[:, None], drafted], 1),
-                                              self.position)
+        logits, features = self.target.verify(tokens, self.position)
         self.marks["verify"].append((begin, StreamMark(self.device)))
         # the rest while the pass runs
         requests = [self.serving[row] for row in rows]
@@ -248,22 +250,22 @@ class _Loop:
             for request, keep, c in zip(requests, kept, confidences):
                 if keep:
                     self.completions[request].confidences.append(c)
-        every = len(going) == len(live)  # then the round's own rows, inputs and q as they are
-        index = live_index if every else upload(rows, self.device)
-        every = every and inputs is not None
-        position = inputs.anchor_pos if every else self.position[index]
+        all_go = len(going) == len(live)  # then the round's own rows, and inputs and q
+        index = live_index if all_go else upload(rows, self.device)
+        reuse = all_go and inputs is not None
+        position = inputs.anchor_pos if reuse else self.position[index]
         device_lengths = None if lengths is None else upload(lengths, self.device)
         if self.temperature > 0:
             if out is None:
                 q = logits.new_zeros(len(rows), 0, logits.shape[-1])
             else:
-                q = out.probs[:, :width] if every \
+                q = out.probs[:, :width] if all_go \
                     else out.probs[upload(going, self.device), :width]
             scaled = logits[index]  # a copy: scaled in place, and not at all at T = 1
             if self.temperature != 1.0:
                 scaled /= self.temperature
             p = torch.softmax(scaled, -1)
-            seed = inputs.seed if every else self.seed[index]
+            seed = inputs.seed if reuse else self.seed[index]
             accepted, emitted = verify_sampling(drafted[index], q, p, seed, position,
                                                 device_lengths)
         else:  # the rows' picks, not their [width, V] logits, gathered
@@ -291,9 +293,9 @@ class _Loop:
         by now: the round's download waited for it; a step of the target's own accepted no
         drafts, which needs no reading)."""
         done = []
-        accepted = pending.accepted.tolist() if pending.drafted else [0] * len(pending.rows)
+        counts = pending.accepted.tolist() if pending.drafted else [0] * len(pending.rows)
         for row, request, keep, accepted in zip(pending.rows, pending.requests, pending.kept,
-                                                accepted):
+                                                counts):
             self.made[request] += (accepted + 1) * keep
             if self.made[request] >= self.requests[request].max_new_tokens:
                 done.append(row)
