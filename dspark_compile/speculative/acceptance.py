@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from dspark_compile.rng import uniform
+from dspark_compile.kernels.noise import uniform
 
 # the verifier's noise stream, apart from the drafter's steps 0 .. k-1: per row, k uniforms
 # for the drafts' acceptance and one for the correction
