@@ -18,6 +18,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from dspark_compile.compile.backends import lowering_options
 from dspark_compile.config import LaneConfig
 from dspark_compile.draft import DraftStep, PrefillStep
 from dspark_compile.draft.checks import context_capacity
@@ -84,8 +85,10 @@ def _export(module: torch.nn.Module, example: tuple[Tensor, ...], package: Path,
         program = torch.export.export(module, example, dynamic_shapes=dynamic_shapes,
                                       strict=False)
     progress.phase(f"lowering, C++ compile and packaging of {what}")
-    torch._inductor.aoti_compile_and_package(program, package_path=str(package),
-                                             inductor_configs=INDUCTOR_CONFIGS)
+    device = example[0].device
+    torch._inductor.aoti_compile_and_package(
+        program, package_path=str(package),
+        inductor_configs={**INDUCTOR_CONFIGS, **lowering_options(device)})
 
 
 def prefill_example(lane: LaneConfig, decode: tuple[Tensor, ...]

@@ -29,6 +29,7 @@ from torch import Tensor
 from torch._inductor.runtime.cache_dir_utils import cache_dir, triton_cache_dir
 
 from dspark_compile import kernels, progress
+from dspark_compile.compile.backends import lowering_options
 from dspark_compile.draft import DraftStep
 
 KERNELS = "inductor_kernels.tar"
@@ -70,7 +71,7 @@ def guards_kept(entries: list) -> list[bool]:
             for entry in entries]
 
 
-def compile_options() -> dict:
+def compile_options(device: torch.device) -> dict:
     """emulate_precision_casts: every bf16 intermediate rounds as in eager (else fused
     kernels keep fp32 intermediates and the KV cache drifts from the eager path's bits),
     set for this compile only (set process-wide it would also change the bits of whatever
@@ -82,9 +83,11 @@ def compile_options() -> dict:
     files' names at 150 characters, where Inductor then finds no binary and compiles the
     kernel again at every load), and no ``dynamic_scale_rblock`` (a reduction's smaller
     blocks, which Inductor compiles after the saved binaries and, in torch 2.11, again at
-    every load, then times against them). Our own kernels are found in Triton's cache."""
+    every load, then times against them). Our own kernels are found in Triton's cache. And
+:func:`~dspark_compile.compile.backends.lowering_options`."""
     return {"emulate_precision_casts": True, "guard_filter_fn": guards_kept,
-            "triton.descriptive_names": False, "dynamic_scale_rblock": False}
+            "triton.descriptive_names": False, "dynamic_scale_rblock": False,
+            **lowering_options(device)}
 
 
 def aot_compiled(forward: Callable, example: tuple[Tensor, ...]) -> Callable:
@@ -93,8 +96,8 @@ def aot_compiled(forward: Callable, example: tuple[Tensor, ...]) -> Callable:
     is called with the module first."""
     # aot_compile is attached only where enabled (by default from torch 2.13 on)
     with torch._dynamo.config.patch(enable_aot_compile=True), torch.no_grad():
-        compiled = torch.compile(forward, options=compile_options(), fullgraph=True,
-                                 dynamic=False)
+        compiled = torch.compile(forward, options=compile_options(example[0].device),
+                                 fullgraph=True, dynamic=False)
         return compiled.aot_compile((example, {}))
 
 
