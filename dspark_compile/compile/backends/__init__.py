@@ -20,11 +20,11 @@ from dspark_compile.errors import ConfigError, MissingBackendError
 def lowering_options(device: torch.device) -> dict:
     """Inductor settings of both Inductor backends for a build on ``device``. On the CPU:
     lowering evaluates an inlined pointwise chain again at every use of each value in it,
-    and the noise's hash uses each value twice, six times a mix: tens of seconds a Markov
-    step to lower. A result of more than 8 ops that is used twice is stored instead (the
-    CPU's default is 50), which keeps a bucket's lowering to seconds and the same bits
-    (the backends' tests). CUDA builds keep Inductor's default, which the GPU lanes'
-    timings measured."""
+    and the noise's hash uses each value twice, three times a mix, so one draw's lowering
+    grows as 8 ** mixes. A result of more than 8 ops that is used twice is stored instead
+    (the CPU's default is 50), with the same bits (the backends' tests; build times in
+    BENCHMARKS.md). CUDA builds keep Inductor's default (above 30 ops), which the GPU
+    lanes' timings measured."""
     return {"realize_opcount_threshold": 8} if device.type == "cpu" else {}
 
 

@@ -83,8 +83,8 @@ def compile_options(device: torch.device) -> dict:
     files' names at 150 characters, where Inductor then finds no binary and compiles the
     kernel again at every load), and no ``dynamic_scale_rblock`` (a reduction's smaller
     blocks, which Inductor compiles after the saved binaries and, in torch 2.11, again at
-    every load, then times against them). Our own kernels are found in Triton's cache. And
-:func:`~dspark_compile.compile.backends.lowering_options`."""
+    every load, then times against them). Our own kernels are found in Triton's cache. On
+    the CPU also :func:`~dspark_compile.compile.backends.lowering_options`'s."""
     return {"emulate_precision_casts": True, "guard_filter_fn": guards_kept,
             "triton.descriptive_names": False, "dynamic_scale_rblock": False,
             **lowering_options(device)}

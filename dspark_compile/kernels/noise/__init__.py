@@ -2,9 +2,10 @@
 the device (the speculative loop's verification): the hash's ~45 tensor ops are as many
 launches there, each a few elements wide, where a compiled graph fuses them anyway.
 
-The kernel runs the same integer arithmetic (int64 products below 2^63, floor divisions
-of non-negative values) and the same exact float64 scaling, so its noise is bit-identical
-to the tensor ops'; where the kernels do not run, :func:`uniform` is those ops.
+The kernel runs the Markov kernels' hash (rng's mixes on uint32: a product wrapping at
+2^32 is rng's masked int64 product, a shift its floor division) and the same exact float64
+scaling, so its noise is bit-identical to the tensor ops'; where the kernels do not run,
+:func:`uniform` is those ops.
 """
 
 from __future__ import annotations
