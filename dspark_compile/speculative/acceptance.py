@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from dspark_compile.kernels import runs_on
 from dspark_compile.kernels.noise import uniform
 
 # the verifier's noise stream, apart from the drafter's steps 0 .. k-1: per row, k uniforms
@@ -68,3 +69,26 @@ def verify_sampling(draft_ids: Tensor, q: Tensor, p: Tensor, seed: Tensor, posit
     tokens = torch.cat([draft_ids, draft_ids.new_zeros(R, 1)], dim=1)
     tokens[rows, accepted] = correction[:, 0]
     return accepted, tokens
+
+
+def target_probs(logits: Tensor, rows: Tensor, temperature: float) -> Tensor:
+    """The target's distribution ``softmax(logits[rows] / temperature)``."""
+    scaled = logits[rows]  # a copy: scaled in place, and not at all at T = 1
+    if temperature != 1.0:
+        scaled /= temperature
+    return torch.softmax(scaled, -1)
+
+
+def verify_rows(drafted: Tensor, q: Tensor, logits: Tensor, rows: Tensor, temperature: float,
+                seed: Tensor, position: Tensor, lengths: Optional[Tensor] = None
+                ) -> tuple[Tensor, Tensor]:
+    """:func:`verify_sampling` of the drafts ``drafted[rows]`` against the target's
+    ``logits[rows]`` at ``temperature``: one kernel where the kernels run
+    (:mod:`dspark_compile.kernels.verify`), else the tensor ops."""
+    if runs_on(logits.device):
+        from dspark_compile.kernels.verify import verify_sampling_fused
+
+        return verify_sampling_fused(drafted, q, logits, rows, temperature, seed, position,
+                                     ACCEPT_STREAM, lengths)
+    return verify_sampling(drafted[rows], q, target_probs(logits, rows, temperature), seed,
+                           position, lengths)

@@ -29,7 +29,7 @@ from dspark_compile.errors import ConfigError, InputError
 from dspark_compile.runtime import Runner
 from dspark_compile.runtime.marks import StreamMark
 from dspark_compile.runtime.transfer import download, upload
-from dspark_compile.speculative.acceptance import verify_greedy, verify_sampling
+from dspark_compile.speculative.acceptance import verify_greedy, verify_rows
 from dspark_compile.speculative.requests import Completion, Decoded, Request
 from dspark_compile.speculative.target import Target, pick_target_token
 
@@ -261,13 +261,9 @@ class _Loop:
             else:
                 q = out.probs[:, :width] if all_go \
                     else out.probs[upload(going, self.device), :width]
-            scaled = logits[index]  # a copy: scaled in place, and not at all at T = 1
-            if self.temperature != 1.0:
-                scaled /= self.temperature
-            p = torch.softmax(scaled, -1)
             seed = inputs.seed if reuse else self.seed[index]
-            accepted, emitted = verify_sampling(drafted[index], q, p, seed, position,
-                                                device_lengths)
+            accepted, emitted = verify_rows(drafted, q, logits, index, self.temperature, seed,
+                                            position, device_lengths)
         else:  # the rows' picks, not their [width, V] logits, gathered
             accepted, emitted = verify_greedy(drafted[index], logits.argmax(-1)[index],
                                               device_lengths)

@@ -13,7 +13,7 @@ from torch import Tensor
 from dspark_compile.runtime.schedule import (PositionTemperatures, StepsPerSecond,
                                              fit_position_temperatures,
                                              profile_steps_per_second, survival_errors)
-from dspark_compile.speculative import loop
+from dspark_compile.speculative import acceptance, loop
 from alone import sync
 from llama import LlamaTarget
 
@@ -69,17 +69,18 @@ def overlaps_recorded(rounds: list[tuple[Tensor, Tensor]]) -> Iterator[None]:
     """While open, each row of each of the loop's sampled verifications appends to
     ``rounds`` its ``sum_v min(p_j(v), q_j(v))`` per position (the chance that draft j is
     accepted where it is reached) and the drafts it accepted."""
-    verify = loop.verify_sampling
+    verify = loop.verify_rows
 
-    def recording(draft_ids, q, p, seed, position, lengths=None):
-        accepted, tokens = verify(draft_ids, q, p, seed, position, lengths)
+    def recording(drafted, q, logits, rows, temperature, *args):
+        accepted, tokens = verify(drafted, q, logits, rows, temperature, *args)
+        p = acceptance.target_probs(logits, rows, temperature)
         rounds.append((torch.minimum(p[:, :q.shape[1]], q).sum(-1), accepted))
         return accepted, tokens
-    loop.verify_sampling = recording
+    loop.verify_rows = recording
     try:
         yield
     finally:
-        loop.verify_sampling = verify
+        loop.verify_rows = verify
 
 
 def sampler_check(rounds: list[tuple[Tensor, Tensor]]) -> dict:

@@ -201,10 +201,10 @@ def test_the_sampler_check_counts_acceptance_where_each_position_was_reached():
     with overlaps_recorded(recorded):
         q = torch.tensor([[[0.5, 0.5, 0.0]]])
         p = torch.tensor([[[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]])
-        loop.verify_sampling(torch.tensor([[1]]), q, p, torch.zeros(1, dtype=torch.long),
-                             torch.zeros(1, dtype=torch.long))
+        zero = torch.zeros(1, dtype=torch.long)
+        loop.verify_rows(torch.tensor([[1]]), q, p.log(), zero, 1.0, zero, zero)
     assert recorded[0][0].tolist() == [[0.5]] and recorded[0][1].tolist() == [1]
-    assert loop.verify_sampling.__name__ == "verify_sampling"  # restored
+    assert loop.verify_rows.__name__ == "verify_rows"  # restored
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

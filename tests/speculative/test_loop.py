@@ -239,11 +239,12 @@ def test_each_positions_acceptance_is_the_overlap_of_the_two_distributions(
     runner = runner_for(lane, 5, 4, tmp_path, device, with_probs=True)
     seen = []
 
-    def recording(draft_ids, q, p, seed, position, lengths=None):
-        accepted, tokens = acceptance.verify_sampling(draft_ids, q, p, seed, position, lengths)
+    def recording(drafted, q, logits, rows, temperature, *args):
+        accepted, tokens = acceptance.verify_rows(drafted, q, logits, rows, temperature, *args)
+        p = acceptance.target_probs(logits, rows, temperature)
         seen.append((torch.minimum(p[:, :q.shape[1]], q).sum(-1).cpu(), accepted.cpu()))
         return accepted, tokens
-    monkeypatch.setattr(loop, "verify_sampling", recording)
+    monkeypatch.setattr(loop, "verify_rows", recording)
     decode(RecomputingTarget(target, 4, lane.target_layer_ids), runner,
            [Request([1, 5, 2, s % 7], 8, seed=s) for s in range(200)], 1.0)
     overlap = torch.cat([o for o, _ in seen]).double()  # [rounds, k]

@@ -1,4 +1,5 @@
-"""The counter-based noise's kernel (see :mod:`dspark_compile.kernels.noise`)."""
+"""The counter-based noise's kernel (see :mod:`dspark_compile.kernels.noise`), and its
+device functions for other kernels that draw the same noise."""
 
 import triton
 import triton.language as tl
@@ -7,14 +8,26 @@ from dspark_compile.kernels.markov.tiles import _mix
 
 
 @triton.jit
+def _key(seed, position, step):
+    # one row's key (the Markov kernels' keys: rng's on uint32)
+    key = _mix(seed.to(tl.uint32))
+    key = _mix(key ^ position.to(tl.uint32))
+    return _mix(key ^ step)
+
+
+@triton.jit
+def _uniform(key, index):
+    # rng.uniform's value at ``index`` (uint32, or a constant): exact, h < 2^32 and a
+    # power-of-two scale
+    h = _mix(key ^ index)
+    return (h.to(tl.float64) + 0.5) / 4294967296.0
+
+
+@triton.jit
 def uniform_kernel(seed_ptr, position_ptr, out_ptr, size, step, BLOCK: tl.constexpr):
-    # one row's key (the Markov kernels' keys: rng's on uint32), then BLOCK of its indices,
-    # the program_id(1)-th block
+    # BLOCK of one row's values, the program_id(1)-th block
     row = tl.program_id(0)
-    key = _mix(tl.load(seed_ptr + row).to(tl.uint32))
-    key = _mix(key ^ tl.load(position_ptr + row).to(tl.uint32))
-    key = _mix(key ^ step)
+    key = _key(tl.load(seed_ptr + row), tl.load(position_ptr + row), step)
     index = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    h = _mix(key ^ index.to(tl.uint32))
-    u = (h.to(tl.float64) + 0.5) / 4294967296.0  # exact: h < 2^32, a power-of-two scale
-    tl.store(out_ptr + row.to(tl.int64) * size + index, u, mask=index < size)
+    tl.store(out_ptr + row.to(tl.int64) * size + index, _uniform(key, index.to(tl.uint32)),
+             mask=index < size)
