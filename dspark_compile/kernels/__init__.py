@@ -1,7 +1,8 @@
 """Kernels of our own, registered as custom ops that every backend keeps in its graph:
 ``markov/`` (the Markov walk), ``attention/`` (the block's attention over the cache) and
-``linear/`` (GEMMs of a few rows). ``noise/`` is the counter-based noise in one launch, for
-code that runs eagerly (no op: a graph fuses the noise's tensor ops itself).
+``linear/`` (GEMMs of a few rows). For code that runs eagerly, where each tensor op is a
+launch (no ops: a graph fuses tensor ops itself): ``noise/``, the counter-based noise in one
+launch, and ``verify/``, the speculative loop's sampled verification in one.
 
 The ops register where they first run or are traced, not at import: ``triton_op``
 imports Inductor and Dynamo (seconds), which a process that only loads an ``aoti``

@@ -11,8 +11,8 @@ from dspark_compile import kernels
 
 NO_TRITON = "Triton is not installed (the CPU wheels of torch come without it)"
 
-# (k, vocabulary, temperature, lengths, q above p everywhere at a row): the target's own step (k = 0);
-# one block and a partial second; a vocabulary of a few tokens; verify lengths 0 .. k
+# (k, vocabulary, temperature, verify lengths 0 .. k, q above p everywhere at a row): the
+# target's own step (k = 0); one block and a partial second; a vocabulary of a few tokens
 CASES = [(0, 300, 1.0, False, False), (1, 7, 0.7, False, True), (3, 1500, 1.0, True, True),
          (5, 300, 0.7, True, False), (5, 1500, 1.0, False, True), (2, 7, 1.0, True, False)]
 

@@ -18,15 +18,16 @@ from torch import Tensor
 BLOCK = 1024  # vocabulary entries a step of a row's stream reads
 
 
-def verify_sampling_fused(drafted: Tensor, q: Tensor, logits: Tensor, rows: Tensor, temperature: float,
-                seed: Tensor, position: Tensor, step: int, lengths: Optional[Tensor] = None
-                ) -> tuple[Tensor, Tensor]:
+def verify_sampling_fused(drafted: Tensor, q: Tensor, logits: Tensor, rows: Tensor,
+                          temperature: float, seed: Tensor, position: Tensor, step: int,
+                          lengths: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """``speculative.acceptance.verify_rows`` in one kernel: ``(accepted [R], tokens
     [R, k+1])``, the noise on the stream ``step``."""
     from dspark_compile.kernels.verify.kernels import verify_kernel
 
     R, k, V = len(rows), drafted.shape[1], logits.shape[-1]
-    logits, q, drafted = (t if t.stride(-1) == 1 else t.contiguous() for t in (logits, q, drafted))
+    logits, q, drafted = (t if t.stride(-1) == 1 else t.contiguous()
+                          for t in (logits, q, drafted))
     accepted = torch.empty(R, dtype=torch.long, device=logits.device)
     tokens = torch.empty(R, k + 1, dtype=torch.long, device=logits.device)
     if R:
