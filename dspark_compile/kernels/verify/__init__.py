@@ -15,7 +15,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-BLOCK = 1024  # vocabulary entries a step of a row's stream reads
+BLOCK = 1024  # vocabulary entries of every position a step of the statistics pass reads
+BLOCK_ROW = 4096  # those of one position a step of the correction's passes reads
 
 
 def verify_sampling_fused(drafted: Tensor, q: Tensor, logits: Tensor, rows: Tensor,
@@ -23,6 +24,8 @@ def verify_sampling_fused(drafted: Tensor, q: Tensor, logits: Tensor, rows: Tens
                           lengths: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """``speculative.acceptance.verify_rows`` in one kernel: ``(accepted [R], tokens
     [R, k+1])``, the noise on the stream ``step``."""
+    import triton
+
     from dspark_compile.kernels.verify.kernels import verify_kernel
 
     R, k, V = len(rows), drafted.shape[1], logits.shape[-1]
@@ -36,5 +39,6 @@ def verify_sampling_fused(drafted: Tensor, q: Tensor, logits: Tensor, rows: Tens
             logits.stride(0), logits.stride(1), rows.contiguous(),
             rows if lengths is None else lengths.contiguous(), seed.contiguous(),
             position.contiguous(), accepted, tokens, float(temperature), step, V=V, K=k,
-            HAS_LENGTHS=lengths is not None, BLOCK=BLOCK)
+            POSITIONS=triton.next_power_of_2(k + 1), HAS_LENGTHS=lengths is not None,
+            BLOCK=BLOCK, BLOCK_ROW=BLOCK_ROW, num_warps=8)
     return accepted, tokens
