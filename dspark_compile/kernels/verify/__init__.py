@@ -17,6 +17,7 @@ from torch import Tensor
 
 BLOCK = 1024  # vocabulary entries of every position a step of the statistics pass reads
 BLOCK_ROW = 4096  # those of one position a step of the correction's passes reads
+WARPS = 8
 
 
 def verify_sampling_fused(drafted: Tensor, q: Tensor, logits: Tensor, rows: Tensor,
@@ -40,5 +41,5 @@ def verify_sampling_fused(drafted: Tensor, q: Tensor, logits: Tensor, rows: Tens
             rows if lengths is None else lengths.contiguous(), seed.contiguous(),
             position.contiguous(), accepted, tokens, float(temperature), step, V=V, K=k,
             POSITIONS=triton.next_power_of_2(k + 1), HAS_LENGTHS=lengths is not None,
-            BLOCK=BLOCK, BLOCK_ROW=BLOCK_ROW, num_warps=8)
+            BLOCK=BLOCK, BLOCK_ROW=BLOCK_ROW, num_warps=WARPS)
     return accepted, tokens

@@ -47,11 +47,12 @@ def verify_kernel(ids_ptr, ids_stride, q_ptr, q_stride_row, q_stride_step, logit
     # draft j is accepted with probability min(1, p_j(x_j) / q_j(x_j)); q is 0 past the
     # row's verify length
     is_draft = j < K
-    x = tl.load(ids_ptr + row * ids_stride + j, mask=is_draft, other=0)
-    p = tl.exp(tl.load(logits_row + j * logits_stride_step + x, mask=is_draft, other=0.0) / t
-               - top) / total
-    q = tl.load(q_row + j * q_stride_step + x, mask=is_draft & (j < drafted), other=0.0)
-    accept = (_uniform(key, j.to(tl.uint32)) * q.to(tl.float64) < p.to(tl.float64)) & (q > 0)
+    ids = tl.load(ids_ptr + row * ids_stride + j, mask=is_draft, other=0)
+    p_draft = tl.exp(tl.load(logits_row + j * logits_stride_step + ids, mask=is_draft,
+                             other=0.0) / t - top) / total
+    q_draft = tl.load(q_row + j * q_stride_step + ids, mask=is_draft & (j < drafted), other=0.0)
+    accept = (_uniform(key, j.to(tl.uint32)) * q_draft.to(tl.float64)
+              < p_draft.to(tl.float64)) & (q_draft > 0)
     accepted = tl.min(tl.where(is_draft & ~accept, j, K), 0)
     top = tl.sum(tl.where(j == accepted, top, 0.0), 0)
     total = tl.sum(tl.where(j == accepted, total, 0.0), 0)
@@ -85,6 +86,5 @@ def verify_kernel(ids_ptr, ids_stride, q_ptr, q_stride_row, q_stride_step, logit
         before += tl.sum(weight, 0)
     pick = tl.where(pick < V, pick, last)
     # the drafts, then 0, with the pick after the accepted prefix
-    tokens = tl.load(ids_ptr + row * ids_stride + j, mask=is_draft, other=0)
-    tl.store(tokens_ptr + r * (K + 1) + j, tl.where(j == accepted, pick, tokens), mask=real)
+    tl.store(tokens_ptr + r * (K + 1) + j, tl.where(j == accepted, pick, ids), mask=real)
     tl.store(accepted_ptr + r, accepted)
