@@ -21,8 +21,8 @@ from torch import Tensor
 from data import DATA, load
 from dspark_compile import lane_config, load_checkpoint, load_runner
 from dspark_compile.compile import build_artifact
-from dspark_compile.kernels import noise
 from dspark_compile.speculative import Request, decode
+from dspark_compile.speculative.acceptance import verify_rows
 from alone import cache_slots, sync, target_alone, target_alone_refilled
 from llama import LlamaTarget
 from scheduling import (by_width, calibration, fastest_widths, fixed_length,
@@ -210,9 +210,6 @@ def main() -> None:
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.backends.cuda.preferred_blas_library(args.blas)
-        # the verifier's noise kernel compiles at its first launch: here, not in a timed arm
-        noise.uniform(torch.zeros(1, dtype=torch.long, device=device),
-                      torch.zeros(1, dtype=torch.long, device=device), 0, 1)
     graphs_options = [g == "graph" for g in args.targets if device.type == "cuda" or g == "eager"]
     model = load_target(args.target, device)
     sequences, prompt_lengths = load(args.data).select(held_out=True, modes=("greedy",))
@@ -221,6 +218,13 @@ def main() -> None:
                for t, n in zip(sequences, prompt_lengths)]
     drafter = load_checkpoint(args.drafter, lane_config(LANE), device, verifier=args.target)
     taps, k = drafter.lane.target_layer_ids, drafter.lane.k
+    if device.type == "cuda":  # the verifier's kernel compiles at its first launch, with
+        # verify lengths and without: here, not in a timed arm
+        zero = torch.zeros(1, dtype=torch.long, device=device)
+        q = torch.zeros(1, k, drafter.lane.target_vocab_size, device=device)
+        for lengths in (None, zero):
+            verify_rows(zero.new_zeros(1, k), q, q.new_zeros(1, k + 1, q.shape[-1]), zero,
+                        1.0, zero, zero, lengths)
     scheduling = args.schedule and drafter.lane.confidence_head
     rows, calibrations = [], {}
 

@@ -15,9 +15,15 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-BLOCK = 1024  # vocabulary entries of every position a step of the statistics pass reads
+STATS_BLOCK = 8192  # logits a step of the statistics pass reads, over every position
 BLOCK_ROW = 4096  # those of one position a step of the correction's passes reads
 WARPS = 8
+
+
+def positions(k: int) -> int:
+    """The kernel's positions for ``k`` drafts: k + 1 rounded up to a power of two, at least
+    8, so that one compile serves every verify width of a drafter of up to 7."""
+    return max(8, 1 << k.bit_length())
 
 
 def verify_sampling_fused(drafted: Tensor, q: Tensor, logits: Tensor, rows: Tensor,
@@ -25,8 +31,6 @@ def verify_sampling_fused(drafted: Tensor, q: Tensor, logits: Tensor, rows: Tens
                           lengths: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """``speculative.acceptance.verify_rows`` in one kernel: ``(accepted [R], tokens
     [R, k+1])``, the noise on the stream ``step``."""
-    import triton
-
     from dspark_compile.kernels.verify.kernels import verify_kernel
 
     R, k, V = len(rows), drafted.shape[1], logits.shape[-1]
@@ -39,7 +43,8 @@ def verify_sampling_fused(drafted: Tensor, q: Tensor, logits: Tensor, rows: Tens
             drafted, drafted.stride(0), q, q.stride(0), q.stride(1) if k else 0, logits,
             logits.stride(0), logits.stride(1), rows.contiguous(),
             rows if lengths is None else lengths.contiguous(), seed.contiguous(),
-            position.contiguous(), accepted, tokens, float(temperature), step, V=V, K=k,
-            POSITIONS=triton.next_power_of_2(k + 1), HAS_LENGTHS=lengths is not None,
-            BLOCK=BLOCK, BLOCK_ROW=BLOCK_ROW, num_warps=WARPS)
+            position.contiguous(), accepted, tokens, float(temperature), step, k, V=V,
+            POSITIONS=positions(k),
+            HAS_LENGTHS=lengths is not None,
+            BLOCK=STATS_BLOCK // positions(k), BLOCK_ROW=BLOCK_ROW, num_warps=WARPS)
     return accepted, tokens

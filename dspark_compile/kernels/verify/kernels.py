@@ -16,13 +16,13 @@ def _probs(row_ptr, cols, V: tl.constexpr, t, top, total):
     return tl.exp(x / t - top) / total
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["K"])  # K = 1 too: one compile for every width
 def verify_kernel(ids_ptr, ids_stride, q_ptr, q_stride_row, q_stride_step, logits_ptr,
                   logits_stride_row, logits_stride_step, rows_ptr, lengths_ptr, seed_ptr,
-                  position_ptr, accepted_ptr, tokens_ptr, t, step, V: tl.constexpr,
-                  K: tl.constexpr, POSITIONS: tl.constexpr, HAS_LENGTHS: tl.constexpr,
-                  BLOCK: tl.constexpr, BLOCK_ROW: tl.constexpr):
-    # POSITIONS: K + 1 rounded up to a power of two
+                  position_ptr, accepted_ptr, tokens_ptr, t, step, K, V: tl.constexpr,
+                  POSITIONS: tl.constexpr, HAS_LENGTHS: tl.constexpr, BLOCK: tl.constexpr,
+                  BLOCK_ROW: tl.constexpr):
+    # K drafts a row, K + 1 <= POSITIONS (a power of two)
     r = tl.program_id(0)
     row = tl.load(rows_ptr + r)  # the row of the target's pass (and of the drafts)
     logits_row = logits_ptr + row * logits_stride_row
@@ -71,7 +71,7 @@ def verify_kernel(ids_ptr, ids_stride, q_ptr, q_stride_row, q_stride_step, logit
         mass += tl.sum(tl.maximum(p - q, 0.0).to(tl.float64), 0)
         p_mass += tl.sum(p.to(tl.float64), 0)
     use_p = mass == 0  # q >= p everywhere: nothing left to correct
-    threshold = _uniform(key, K) * tl.where(use_p, p_mass, mass)
+    threshold = _uniform(key, K.to(tl.uint32)) * tl.where(use_p, p_mass, mass)
     before = tl.sum(tl.zeros([BLOCK_ROW], tl.float64), 0)
     pick = V + r * 0  # none yet
     last = r * 0  # the last token of any mass: the pick if rounding leaves none past u
