@@ -62,3 +62,11 @@ def test_importing_the_package_changes_no_process_wide_setting():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             timeout=120)
     assert result.stdout.strip() == "True", result.stderr
+
+
+def test_every_test_module_has_a_basename_of_its_own():
+    # the test folders are no packages: pytest imports each module by its basename, and a
+    # second module of that name fails the whole run's collection
+    tests = Path(__file__).parent
+    names = [path.name for path in tests.rglob("test_*.py")]
+    assert sorted({name for name in names if names.count(name) > 1}) == []
