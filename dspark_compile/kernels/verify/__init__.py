@@ -40,7 +40,7 @@ def verify_sampling_fused(drafted: Tensor, q: Tensor, logits: Tensor, rows: Tens
     tokens = torch.empty(R, k + 1, dtype=torch.long, device=logits.device)
     if R:
         verify_kernel[(R,)](
-            drafted, drafted.stride(0), q, q.stride(0), q.stride(1) if k else 0, logits,
+            drafted, drafted.stride(0), q, q.stride(0), q.stride(1), logits,
             logits.stride(0), logits.stride(1), rows.contiguous(),
             rows if lengths is None else lengths.contiguous(), seed.contiguous(),
             position.contiguous(), accepted, tokens, float(temperature), step, k, V=V,

@@ -16,7 +16,9 @@ def _probs(row_ptr, cols, V: tl.constexpr, t, top, total):
     return tl.exp(x / t - top) / total
 
 
-@triton.jit(do_not_specialize=["K"])  # K = 1 too: one compile for every width
+# K and the drafts' row stride are the verify width: never specialized (Triton would
+# compile again for a width of 1, or 0), so one compile serves every width
+@triton.jit(do_not_specialize=["K", "ids_stride"])
 def verify_kernel(ids_ptr, ids_stride, q_ptr, q_stride_row, q_stride_step, logits_ptr,
                   logits_stride_row, logits_stride_step, rows_ptr, lengths_ptr, seed_ptr,
                   position_ptr, accepted_ptr, tokens_ptr, t, step, K, V: tl.constexpr,
