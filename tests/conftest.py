@@ -180,6 +180,33 @@ def ptxas_for_h200(tmp_path):
 
 
 @pytest.fixture
+def h200_specializations(monkeypatch):
+    """``h200_specializations(module, name, launch)``: the kernel ``module.<name>`` as
+    Triton's launcher would specialize it for sm_90 (no GPU needed), one
+    ``(constexprs, specialization)`` per launch that ``launch()`` makes through the
+    package's own launcher (the kernel itself does not run). A new specialization is a
+    new compile."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    def record(module, name: str, launch) -> list[tuple[dict, str]]:
+        kernel = getattr(module, name)
+        specialize = create_function_from_signature(kernel.signature, kernel.params,
+                                                    make_backend(GPUTarget("cuda", 90, 32)))
+        launches = []
+
+        class Recorder:  # kernel[grid](*args, **kwargs), recorded
+            def __getitem__(self, grid):
+                return lambda *args, **kwargs: launches.append((args, kwargs))
+        with monkeypatch.context() as patch:
+            patch.setattr(module, name, Recorder())
+            launch()
+        return [(kwargs, str(specialize(*args, **kwargs)[1])) for args, kwargs in launches]
+    return record
+
+
+@pytest.fixture
 def fresh_verify():
     return run_verify
 

@@ -64,3 +64,21 @@ def test_the_kernel_is_the_tensor_ops_hash_on_cuda(device):
     if device.type != "cuda":
         pytest.skip("the kernel runs on CUDA (the interpreter test above runs it here)")
     check(compare(CASES, "cuda"))
+
+
+
+@pytest.mark.skipif(not kernels.HAS_TRITON, reason=NO_TRITON)
+def test_one_compile_serves_every_size(monkeypatch, h200_specializations):
+    """Triton compiles a kernel again for each new specialization of its integer arguments
+    (one equal to 1, one divisible by 16): the launches for sizes 1 .. 17 (the verifier's
+    k + 1 of any drafter up to 16) specialize alike for the H200."""
+    import torch
+
+    from dspark_compile.kernels import noise
+    from dspark_compile.kernels.noise import kernels as module
+
+    monkeypatch.setattr(noise, "runs_on", lambda device: True)
+    seed = position = torch.arange(3)
+    launches = h200_specializations(module, "uniform_kernel", lambda: [
+        noise.uniform(seed, position, 1 << 20, size) for size in range(1, 18)])
+    assert len(launches) == 17 and len({key for _, key in launches}) == 1, launches

@@ -101,7 +101,7 @@ def test_the_kernel_compiles_for_the_h200_without_register_spills(k, ptxas_for_h
 
 @pytest.mark.skipif(not kernels.HAS_TRITON, reason=NO_TRITON)
 @pytest.mark.parametrize("k,compiles", [(7, 1), (15, 2)])
-def test_one_compile_serves_every_verify_width(k, compiles, monkeypatch):
+def test_one_compile_serves_every_verify_width(k, compiles, h200_specializations):
     """Triton compiles a kernel again for each new specialization of its integer
     arguments (one equal to 1, one divisible by 16), a pause in the round that meets it
     first. The launches the loop makes for a drafter of ``k``, at every verify width
@@ -109,34 +109,23 @@ def test_one_compile_serves_every_verify_width(k, compiles, monkeypatch):
     lengths, and without): one compile up to 7 drafts, and one more for 8 to 15 (twice
     the positions)."""
     import torch
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.runtime.jit import create_function_from_signature
 
     from dspark_compile.kernels import verify
     from dspark_compile.kernels.verify import kernels as module
 
-    kernel = module.verify_kernel
-    specialize = create_function_from_signature(kernel.signature, kernel.params,
-                                                make_backend(GPUTarget("cuda", 90, 32)))
-    launches = []
-
-    class Recorder:  # the launch's arguments, as the launcher passes them
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: launches.append((args, kwargs))
-    monkeypatch.setattr(module, "verify_kernel", Recorder())
     V, R = 49152, 3  # the testbed's vocabulary
     rows, probs = torch.arange(R), torch.zeros(R, k, V)  # the step's q, cut to each width
-    for width in range(k + 1):
-        for lengths in (None, torch.full((R,), width)):
-            verify.verify_sampling_fused(torch.zeros(R, width, dtype=torch.long),
-                                         probs[:, :width], torch.zeros(R, width + 1, V), rows,
-                                         1.0, rows, rows, 1 << 20, lengths)
-    verify.verify_sampling_fused(torch.zeros(R, 0, dtype=torch.long), torch.zeros(R, 0, V),
-                                 torch.zeros(R, 1, V), rows, 1.0, rows, rows, 1 << 20)
+
+    def launch() -> None:
+        for width in range(k + 1):
+            for lengths in (None, torch.full((R,), width)):
+                verify.verify_sampling_fused(torch.zeros(R, width, dtype=torch.long),
+                                             probs[:, :width], torch.zeros(R, width + 1, V),
+                                             rows, 1.0, rows, rows, 1 << 20, lengths)
+        verify.verify_sampling_fused(torch.zeros(R, 0, dtype=torch.long), torch.zeros(R, 0, V),
+                                     torch.zeros(R, 1, V), rows, 1.0, rows, rows, 1 << 20)
     keys: dict[bool, set[str]] = {}
-    for args, kwargs in launches:
-        _, specialization, _ = specialize(*args, **kwargs)
-        keys.setdefault(kwargs["HAS_LENGTHS"], set()).add(str(specialization))
+    for constexprs, key in h200_specializations(module, "verify_kernel", launch):
+        keys.setdefault(constexprs["HAS_LENGTHS"], set()).add(key)
     assert {has: len(found) for has, found in keys.items()} == {False: compiles,
                                                                 True: compiles}, keys

@@ -23,7 +23,7 @@ def _uniform(key, index):
     return (h.to(tl.float64) + 0.5) / 4294967296.0
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["size"])  # a size of 1 too: one compile for every size
 def uniform_kernel(seed_ptr, position_ptr, out_ptr, size, step, BLOCK: tl.constexpr):
     # BLOCK of one row's values, the program_id(1)-th block
     row = tl.program_id(0)
