@@ -66,7 +66,6 @@ def test_the_kernel_is_the_tensor_ops_hash_on_cuda(device):
     check(compare(CASES, "cuda"))
 
 
-
 @pytest.mark.skipif(not kernels.HAS_TRITON, reason=NO_TRITON)
 def test_one_compile_serves_every_size(monkeypatch, h200_specializations):
     """Triton compiles a kernel again for each new specialization of its integer arguments
