@@ -9,12 +9,13 @@ most ``2^-8`` of it. So with ``B_v = ||W2[v]|| ||e|| (1 + 2^-7)``, every roundin
 monotone, ``z_v <= round(U_v + B_v) =: ub_v``, and a sampled row's score
 ``z_v / T + G_v`` is at most ``ub_v / T + G_v``.
 
-A step splits the columns into runs of ``run`` (as the kernel's programs do) and scores
-exactly each run's column of the largest bound: the best of those scores, ``L``, is one
-the full walk sees, so the step's best is at least ``L``. Then it scores every column
-whose bound reaches ``L``. The best column and every column tied with it are among those,
-so the first of the best is the full walk's pick, ties included. The rows of W2 of the
-other columns are never read.
+A step first scores exactly a few candidates per request, chosen before the walk from
+the base logits alone: the first column of the largest value (``U``, or ``U / T + G``
+where the row samples) in each of ``candidates`` segments of the vocabulary. The best of
+those exact scores, ``L``, is one the full walk sees, so the step's best is at least
+``L``. Then it scores every column whose bound reaches ``L``. The best column and every
+column tied with it are among those, so the first of the best is the full walk's pick,
+ties included. The rows of W2 of the other columns are never read.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dspark_compile.draft.sampling import rounded
+from dspark_compile.kernels.markov.launch import candidate_segment
 from dspark_compile.model.heads import row_norms
 from dspark_compile.model.vocab import to_target
 from dspark_compile.rng import gumbel
 
-RUN = 2048  # columns a seed: about a program's run of the 27B lane's walk at batch 1
+BLOCK, CANDIDATES = 128, 8  # the kernel's tile and candidates a request, at up to 16
 
 # covers the bias's rounding to bf16 (2^-8), fp32 summation over any rank up to 1024
 # (1024 * 2^-24) and the rounding of the norms and of their product
@@ -53,25 +55,38 @@ def scores(z: Tensor, noise: Tensor, temperature: Tensor) -> Tensor:
     return torch.where(hot[:, None], scaled, z.double())
 
 
+def candidates(base: Tensor, noise: Tensor, temperature: Tensor, block: int = BLOCK,
+               count: int = CANDIDATES) -> Tensor:
+    """``[R, <= count]`` columns whose exact scores bound each row's best from below: the
+    first column of the largest :func:`scores` of the base logits alone in each segment of
+    the vocabulary (``launch.candidate_segment`` tiles of ``block`` columns, as the
+    kernel's pre-pass cuts it). One of them is the base logits' own best."""
+    values = scores(base, noise, temperature)
+    R, V = values.shape
+    span = block * candidate_segment(-(-V // block), count)
+    segments = F.pad(values, (0, -V % span), value=float("-inf")).view(R, -1, span)
+    return segments.argmax(-1) + torch.arange(0, segments.shape[1] * span, span,
+                                              device=base.device)
+
+
 def contenders(w2: Tensor, norms: Tensor, e: Tensor, base: Tensor, noise: Tensor,
-               temperature: Tensor, run: int = RUN) -> tuple[Tensor, Tensor]:
+               temperature: Tensor, block: int = BLOCK, count: int = CANDIDATES
+               ) -> tuple[Tensor, Tensor]:
     """``[R, V]``: the columns each row's step must score exactly, those whose bound reaches
-    the best exact score of its seeds; and the seeds ``[R, runs]``, the column of the
-    largest bound in each run of ``run`` columns."""
+    the best exact score of its :func:`candidates`; and those candidates ``[R, count]``."""
     bound = scores(upper_bounds(base, norms, e), noise, temperature)
-    R, V = bound.shape
-    padded = F.pad(bound, (0, -V % run), value=float("-inf"))
-    seeds = padded.view(R, -1, run).argmax(-1) + torch.arange(0, V, run, device=bound.device)
+    seeds = candidates(base, noise, temperature, block, count)
     least = torch.stack([_exact(w2, e[r:r + 1], base[r:r + 1], noise[r:r + 1],
-                                temperature[r:r + 1], seeds[r])[0] for r in range(R)])
+                                temperature[r:r + 1], seeds[r])[0]
+                         for r in range(len(seeds))])
     return bound >= least.amax(-1, keepdim=True), seeds
 
 
 def certified_step(w2: Tensor, norms: Tensor, e: Tensor, base: Tensor, noise: Tensor,
-                   temperature: Tensor, run: int = RUN) -> tuple[Tensor, int]:
-    """Draft ids ``[R]`` of one step and the rows of W2 it read: each request's seeds,
-    then the :func:`contenders` of every request, each once."""
-    scored, seeds = contenders(w2, norms, e, base, noise, temperature, run)
+                   temperature: Tensor) -> tuple[Tensor, int]:
+    """Draft ids ``[R]`` of one step and the rows of W2 it read: each request's
+    candidates, then the :func:`contenders` of every request, each once."""
+    scored, seeds = contenders(w2, norms, e, base, noise, temperature)
     columns = scored.any(0).nonzero().squeeze(-1)  # ascending: ties keep the first
     exact = _exact(w2, e, base, noise, temperature, columns)
     exact = exact.masked_fill(~scored[:, columns], float("-inf"))
@@ -88,15 +103,14 @@ def _exact(w2: Tensor, e: Tensor, base: Tensor, noise: Tensor, temperature: Tens
 
 def certified_walk(w1: Tensor, w2: Tensor, norms: Tensor, base: Tensor, anchor: Tensor,
                    temperature: Tensor, seed: Tensor, anchor_pos: Tensor,
-                   d2t: Optional[Tensor], run: int = RUN) -> tuple[Tensor, Tensor]:
+                   d2t: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """Target ids ``[R, k]`` of the k vanilla Markov steps from ``anchor`` over the base
     logits ``base [R, k, V]`` (the full walk's), and the rows of W2 each step read ``[k]``."""
     R, k, V = base.shape
     prev, ids, read = anchor, [], []
     for step in range(k):
         noise = gumbel(seed, anchor_pos, step, V)
-        pick, rows = certified_step(w2, norms, w1[prev], base[:, step], noise, temperature,
-                                    run)
+        pick, rows = certified_step(w2, norms, w1[prev], base[:, step], noise, temperature)
         prev = to_target(pick, d2t)
         ids.append(prev)
         read.append(rows)

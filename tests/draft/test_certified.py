@@ -119,7 +119,8 @@ def test_a_dominant_column_is_the_only_row_read():
     base[1, :, 300] = 1000
     full, ids, read = walk_both(drafter, base, torch.tensor([0.0, 0.5]))
     assert torch.equal(ids, full)
-    assert read.tolist() == [2 + 2] * lane.k  # per request its seed (one run), then itself
+    # per request its candidate (512 columns are one segment), then itself
+    assert read.tolist() == [2 + 2] * lane.k
 
 
 def test_every_loader_fills_a_certified_lanes_row_norms(tmp_path):

@@ -114,7 +114,9 @@ def test_the_walk_matches_the_loop_in_the_triton_interpreter(interpreted_report)
 POINTERS = {"w1_ptr": "*bf16", "w2_ptr": "*bf16", "base_ptr": "*bf16", "anchor_ptr": "*i64",
             "temperature_ptr": "*fp32", "seed_ptr": "*i64", "position_ptr": "*i64",
             "d2t_ptr": "*i64", "best_ptr": "*fp64", "index_ptr": "*i32", "count_ptr": "*i32",
-            "ids_ptr": "*i64", "norms_ptr": "*fp32", "least_ptr": "*fp64", "read_ptr": "*i32"}
+            "ids_ptr": "*i64", "norms_ptr": "*fp32", "candidates_ptr": "*i64",
+            "top_ptr": "*fp32", "size_ptr": "*fp32", "norm_top_ptr": "*fp32",
+            "read_ptr": "*i32"}
 
 
 @pytest.mark.skipif(not kernels.HAS_TRITON, reason=NO_TRITON)
@@ -142,7 +144,8 @@ def test_the_kernel_compiles_for_the_h200_without_register_spills(lane_name, row
     aligned = [n for n in kernel.arg_names if n.endswith("_ptr")] + ["V", "base_stride"]
     constants = dict(R=rows, K=lane.k, RANK=lane.markov_rank, R_PAD=launch.rows,
                      BLOCK=launch.block, RUN=run, PROGRAMS=programs,
-                     PARTS=markov.launch.reduction_chunk(launch, programs), HAS_D2T=True)
+                     PARTS=markov.launch.reduction_chunk(launch, programs), HAS_D2T=True,
+                     C=launch.block // launch.rows, RUN_PAD=1 << (run - 1).bit_length())
     # a streaming launch walks its tiles forwards or backwards (every other step)
     for reverse in (False,) if launch.resident else (False, True):
         report = ptxas_for_h200(kernel, POINTERS, aligned,

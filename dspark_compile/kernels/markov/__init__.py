@@ -24,10 +24,14 @@ leave two contenders. The reduction over programs lets the lowest index win ties
 d2t. No ``[R, V]`` row is written, and only ``[R, k]`` target ids leave the op.
 
 The certified walk (``dspark::certified_markov_walk``) is the streamed step with
-``CERTIFIED`` on (``bounds.py``): each step first bounds every column's logit from the
-norms of W2's rows, scores exactly each program's highest, and after a grid barrier reads
-W2 only at the columns whose bound reaches the best of those (the argument:
-:mod:`dspark_compile.draft.certified`). It returns the rows of W2 each step read.
+``CERTIFIED`` on (``bounds.py``). Before the walk, one pass over the base logits gives
+each request's and step's tile maxima and a few candidate columns (the argument:
+:mod:`dspark_compile.draft.certified`). Each step then scores the candidates exactly, the
+best of them being a score the step reaches, and bounds each of the program's tiles from
+its maxima and the norms of W2's rows: no grid barrier, every program computes the same
+least score. A program reads only the tiles whose bound reaches it, and in them only the
+columns whose own bound does, or, where more than 3 in 4 of its tiles can, its whole run as
+the full walk does. It returns the rows of W2 each step read.
 
 ``torch.library.triton_op`` lets ``torch.compile``, ``torch.export`` and AOTInductor see
 the kernel and keep it inside their graphs; its fake implementation comes from tracing.

@@ -38,6 +38,15 @@ RESIDENT_ROWS = 16
 # the most rows a certified step takes: past 16 its bounds spill registers on sm_90, and
 # the union of more requests' contenders is most of W2 on the testbed's rounds
 CERTIFIED_ROWS = 16
+# tiles a program of the certified walk's pre-pass takes at once
+PREPASS_TILES = 16
+
+
+def candidate_segment(tiles: int, count: int) -> int:
+    """Tiles in each of the (at most ``count``) segments of the vocabulary whose best
+    columns are the certified step's candidates: whole pre-pass programs' tiles."""
+    groups = -(-tiles // PREPASS_TILES)
+    return PREPASS_TILES * -(-groups // count)
 
 
 def launch_shape(rows: int, vocab: int, rank: int, sms: int) -> Launch:

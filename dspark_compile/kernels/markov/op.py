@@ -10,6 +10,7 @@ import triton
 from torch import Tensor
 
 from dspark_compile.kernels.markov import launch
+from dspark_compile.kernels.markov.bounds import _tile_maxima_kernel
 from dspark_compile.kernels.markov.kernels import _markov_step_kernel, _markov_walk_kernel
 
 
@@ -47,8 +48,7 @@ def _walk(w1: Tensor, w2: Tensor, certified: Optional[tuple[Tensor, Tensor]], ba
     slots = (1 + shape.resident) * shape.rows * programs  # see the walk kernel
     best = torch.empty(slots, dtype=torch.float64, device=base.device)
     index = torch.empty(slots, dtype=torch.int32, device=base.device)
-    count = torch.zeros((1 + (certified is not None)) * k, dtype=torch.int32,
-                        device=base.device)  # the certified step's barriers too
+    count = torch.zeros(k, dtype=torch.int32, device=base.device)
     ids = torch.empty(R, k, dtype=torch.int64, device=base.device)
     # the kernel reads every [R] input with stride 1, W1 / W2 rows and base rows packed
     base, anchor, temperature, seed, anchor_pos, w1, w2 = (
@@ -65,15 +65,41 @@ def _walk(w1: Tensor, w2: Tensor, certified: Optional[tuple[Tensor, Tensor]], ba
         if certified is not None:
             certified[1][0] = V  # all of W2, once
         return ids
-    if certified is not None and shape.rows > launch.CERTIFIED_ROWS:
+    if certified is not None and (shape.rows > launch.CERTIFIED_ROWS or run >= 64):
         certified[1].fill_(V)  # the full walk: every row of W2, every step
         certified = None
-    # the full walk's step reads none of these three: any pointer serves
-    norms, read = certified if certified is not None else (best, count)
-    least = (best if certified is None else
-             torch.empty(shape.rows * programs, dtype=torch.float64, device=base.device))
+    if certified is None:  # the full walk's step reads none of these: any pointer serves
+        bounds, tiles, extra = (best,) * 6, 0, {}
+    else:
+        bounds, tiles = _tile_maxima(base, temperature, seed, anchor_pos, certified, shape)
+        extra = dict(CERTIFIED=True, C=shape.block // shape.rows,
+                     RUN_PAD=1 << (run - 1).bit_length())  # one bit a tile
+    norms, candidates, top, size, norm_top, read = bounds
     for step in range(k):
         torch.library.wrap_triton(_markov_step_kernel)[(programs,)](
-            *args, k, base.stride(0), step, norms, least, read, RUN=run,
-            REVERSE=step % 2 == 1, CERTIFIED=certified is not None, **options)
+            *args, k, base.stride(0), step, norms, candidates, top, size, norm_top, tiles,
+            read, RUN=run, REVERSE=step % 2 == 1, **options, **extra)
     return ids
+
+
+def _tile_maxima(base: Tensor, temperature: Tensor, seed: Tensor, anchor_pos: Tensor,
+                 certified: tuple[Tensor, Tensor], shape: launch.Launch
+                 ) -> tuple[tuple[Tensor, ...], int]:
+    # The certified step's inputs, once per walk: W2's row norms, each request's and
+    # step's candidates [R, k, C] (the best column of each segment, packed with its value,
+    # see bounds.py), the tiles' largest values and |U| [R, k, tiles], the tiles' largest
+    # norms [tiles], and the rows read [k]; and the number of tiles.
+    norms, read = certified
+    R, k, V = base.shape
+    tiles = triton.cdiv(V, shape.block)
+    top = torch.empty(R, k, tiles, dtype=torch.float32, device=base.device)
+    size = torch.empty_like(top)
+    norm_top = torch.empty(tiles, dtype=torch.float32, device=base.device)
+    slots = shape.block // shape.rows  # the step's C
+    candidates = torch.full((R, k, slots), -(1 << 63), dtype=torch.int64, device=base.device)
+    group = launch.PREPASS_TILES
+    torch.library.wrap_triton(_tile_maxima_kernel)[(R * k, triton.cdiv(tiles, group))](
+        base, temperature, seed, anchor_pos, norms, top, size, norm_top, candidates, V, k,
+        tiles, base.stride(0), BLOCK=shape.block, GROUP=group,
+        SEGMENT=launch.candidate_segment(tiles, slots) // group, C=slots)
+    return (norms, candidates, top, size, norm_top, read), tiles
