@@ -37,7 +37,7 @@ def _stream(w2_ptr, base_row_ptr, e, program, V, t, hot, any_hot, row_key, row_o
     # tl.dot, and this one would otherwise stall every tile.
     next_base = _base_tile(base_row_ptr, _run_tile(program, 0, RUN, REVERSE), V,
                            row_ok & (count > 0), BLOCK)
-    for nth in range(count):  # a run of RUN tiles; any past the vocabulary is all masked
+    for nth in range(count):  # any tile past the vocabulary is all masked
         tile = _run_tile(program, nth, RUN, REVERSE)
         base = next_base
         next_base = _base_tile(base_row_ptr, _run_tile(program, nth + 1, RUN, REVERSE), V,

@@ -71,9 +71,10 @@ def _walk(w1: Tensor, w2: Tensor, certified: Optional[tuple[Tensor, Tensor]], ba
     if certified is None:  # the full walk's step reads none of these: any pointer serves
         bounds, tiles, extra = (best,) * 6, 0, {}
     else:
-        bounds, tiles = _tile_maxima(base, temperature, seed, anchor_pos, certified, shape)
-        extra = dict(CERTIFIED=True, C=shape.block // shape.rows,
-                     RUN_PAD=1 << (run - 1).bit_length())  # one bit a tile
+        slots = shape.block // shape.rows  # candidates a request, in one tile's slots
+        bounds, tiles = _tile_maxima(base, temperature, seed, anchor_pos, certified, shape,
+                                     slots)
+        extra = dict(CERTIFIED=True, C=slots, RUN_PAD=1 << (run - 1).bit_length())
     norms, candidates, top, size, norm_top, read = bounds
     for step in range(k):
         torch.library.wrap_triton(_markov_step_kernel)[(programs,)](
@@ -83,7 +84,7 @@ def _walk(w1: Tensor, w2: Tensor, certified: Optional[tuple[Tensor, Tensor]], ba
 
 
 def _tile_maxima(base: Tensor, temperature: Tensor, seed: Tensor, anchor_pos: Tensor,
-                 certified: tuple[Tensor, Tensor], shape: launch.Launch
+                 certified: tuple[Tensor, Tensor], shape: launch.Launch, slots: int
                  ) -> tuple[tuple[Tensor, ...], int]:
     # The certified step's inputs, once per walk: W2's row norms, each request's and
     # step's candidates [R, k, C] (the best column of each segment, packed with its value,
@@ -95,7 +96,6 @@ def _tile_maxima(base: Tensor, temperature: Tensor, seed: Tensor, anchor_pos: Te
     top = torch.empty(R, k, tiles, dtype=torch.float32, device=base.device)
     size = torch.empty_like(top)
     norm_top = torch.empty(tiles, dtype=torch.float32, device=base.device)
-    slots = shape.block // shape.rows  # the step's C
     candidates = torch.full((R, k, slots), -(1 << 63), dtype=torch.int64, device=base.device)
     group = launch.PREPASS_TILES
     torch.library.wrap_triton(_tile_maxima_kernel)[(R * k, triton.cdiv(tiles, group))](
