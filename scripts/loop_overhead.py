@@ -22,7 +22,7 @@ from dspark_compile.compile import build_artifact
 from dspark_compile.compile.key import environment
 from dspark_compile.config import lane_config
 from dspark_compile.runtime import load_runner
-from dspark_compile.speculative import Request, decode
+from dspark_compile.speculative import MaxDraftRows, Request, decode
 from dspark_compile.tools.bigram import BigramTarget
 
 
@@ -31,9 +31,9 @@ def measure(runner, target: BigramTarget, requests: list[Request], temperature: 
     """One untimed run, then a timed one: ms a round in all, in the draft (its stream
     marks), in the target's pass, and outside the pass; greedy, whether every request got
     the bigram walk."""
-    own = {} if max_draft_rows is None else dict(max_draft_rows=max_draft_rows)
-    decode(target, runner, requests, temperature, **own)
-    run = decode(target, runner, requests, temperature, **own)
+    for _ in range(2):  # a fresh policy each run
+        policy = None if max_draft_rows is None else MaxDraftRows(max_draft_rows)
+        run = decode(target, runner, requests, temperature, drafting=policy)
     rounds = run.passes
     row = dict(rounds=rounds, tokens_per_round=sum(len(c.tokens) for c in run.completions)
                / rounds, ms_per_round=1e3 * run.seconds / rounds,

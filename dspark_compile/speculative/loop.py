@@ -10,8 +10,9 @@ reach the host the previous verification is done too, so its outcome is read wit
 waiting, and the loop learns that a request is done one round late.
 
 Where drafting costs more than it gains (many rows, a high temperature), a round can be the
-target's own step instead (``max_draft_rows``): no draft, one token a request, the pass
-one token wide. The drafter reads the context it missed at its next round.
+target's own step instead (``drafting``, a policy of ``speculative.drafting``): no draft,
+one token a request, the pass one token wide. The drafter reads the context it missed at
+its next round.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dspark_compile.runtime import Runner
 from dspark_compile.runtime.marks import StreamMark
 from dspark_compile.runtime.transfer import download, upload
 from dspark_compile.speculative.acceptance import verify_greedy, verify_rows
+from dspark_compile.speculative.drafting import DraftPolicy
 from dspark_compile.speculative.requests import Completion, Decoded, Request
 from dspark_compile.speculative.target import Target, pick_target_token
 
@@ -39,30 +41,28 @@ Schedule = Callable[[Tensor], Tensor]  # confidences [R, k] on the host -> verif
 @torch.no_grad()
 def decode(target: Target, runner: Runner, requests: Sequence[Request],
            temperature: float = 0.0, schedule: Optional[Schedule] = None,
-           max_draft_rows: Optional[int] = None) -> Decoded:
+           drafting: Optional[DraftPolicy] = None) -> Decoded:
     """Every request's ``max_new_tokens`` new tokens, ``target.rows`` requests at a time.
 
     How many of each round's drafts are verified: the lengths a scheduled runner returns
     (:meth:`~dspark_compile.runtime.Runner.schedule`, from the round's confidences or,
     lagged, from each request's of rounds before), else ``schedule``'s of the round's
-    confidences (for example a fixed length), else every draft. ``max_draft_rows``: a
-    round of more requests than this drafts nothing and is the target's own step (None:
-    every round drafts). Requests fill every row until the queue is empty, then fewer, so
-    with rows to spare such rounds come first: a request's drafter reads its prompt and
-    the steps after it at its first round."""
+    confidences (for example a fixed length), else every draft. ``drafting``: which
+    rounds draft (None: every round); the others are the target's own steps
+    (:class:`~dspark_compile.speculative.drafting.MaxDraftRows`,
+    :class:`~dspark_compile.speculative.drafting.WhileDraftingPays`). A request's drafter
+    reads its prompt and the own steps after it at its first drafted round."""
     if temperature > 0 and not runner.manifest["with_probs"]:
         raise ConfigError("temperature: sampled verification needs the draft distribution; "
                           "build the artifact with with_probs=True")
     if schedule is not None and not runner.lane.confidence_head:
         raise ConfigError("schedule: the drafter has no confidence head to schedule by")
-    if max_draft_rows is not None and max_draft_rows < 0:
-        raise ConfigError(f"max_draft_rows={max_draft_rows}: expected 0 or more, or None")
     for i, request in enumerate(requests):
         if not request.prompt or request.max_new_tokens < 1:
             raise InputError(f"requests[{i}]", f"a prompt of {len(request.prompt)} tokens "
                              f"and max_new_tokens={request.max_new_tokens}",
                              "a prompt of at least one token and max_new_tokens >= 1")
-    return _Loop(target, runner, requests, temperature, schedule, max_draft_rows).run()
+    return _Loop(target, runner, requests, temperature, schedule, drafting).run()
 
 
 @dataclass
@@ -86,9 +86,9 @@ class _Loop:
 
     def __init__(self, target: Target, runner: Runner, requests: Sequence[Request],
                  temperature: float, schedule: Optional[Schedule],
-                 max_draft_rows: Optional[int]):
+                 drafting: Optional[DraftPolicy]):
         self.target, self.runner, self.requests = target, runner, requests
-        self.schedule, self.max_draft_rows = schedule, max_draft_rows
+        self.schedule, self.policy = schedule, drafting
         self.temperature, self.k, self.device = temperature, runner.lane.k, runner.device
         self.dtype = runner.lane.torch_dtype
         rows, device = target.rows, runner.device
@@ -103,9 +103,10 @@ class _Loop:
         self.num_new = torch.zeros(rows, dtype=torch.long, device=device)
         self.seed = torch.zeros(rows, dtype=torch.long, device=device)
         self.features: Optional[Tensor] = None  # [rows, k+1, F]: each row's next context
-        # a refilled row's prompt features, and those of the target's own steps before its
-        # first round
+        # a row's context its drafter has yet to read, where own steps have run since its
+        # last round (or its prompt, from a refill): features [n, F] in order
         self.prompts: dict[int, list[Tensor]] = {}
+        self.context = [0] * rows  # the context rows a row's last drafted round made
         self.temperatures: dict[int, Tensor] = {}  # [R] of the temperature, per R
         self.marks: dict[str, list[tuple[StreamMark, StreamMark]]] = {
             "draft": [], "verify": [], "prefill": []}
@@ -132,6 +133,8 @@ class _Loop:
                 self.take_firsts()
             else:  # the target's own step: its pass first, then the wait for the last one's
                 index, queued = upload(live, self.device), StreamMark(self.device)
+                if pending and pending.drafted:  # its outcome is read now: wait for it
+                    queued.wait()
             done = self.finished(pending) if pending else []
             going = [i for i, r in enumerate(live) if r not in done]
             following = self.verify(live, going, out, inputs, index) if going else None
@@ -194,10 +197,9 @@ class _Loop:
         self.firsts.clear()
 
     def drafting(self, live: list[int]) -> bool:
-        """Whether the round drafts (else it is the target's own step): within
-        ``max_draft_rows``. Until the queue is empty every row is live, then fewer: a round
-        that drafts is followed by rounds that draft."""
-        return self.max_draft_rows is None or len(live) <= self.max_draft_rows
+        """Whether the round drafts (else it is the target's own step): as the policy
+        says, if any."""
+        return self.policy is None or self.policy.drafts(len(live))
 
     def round_inputs(self, live: list[int]) -> tuple[RoundInputs, Tensor]:
         """The live rows' round (each row's accepted context rows, or its prompt), and the
@@ -268,9 +270,11 @@ class _Loop:
             accepted, emitted = verify_greedy(drafted[index], logits.argmax(-1)[index],
                                               device_lengths)
         made = accepted + 1
-        if out is None:  # after the prompt its drafter has yet to read (see drafting)
+        if out is None:  # after the context its drafter has yet to read (see drafting)
             step = features.clone()  # [rows, 1, F], the pass's own buffer
             for row in rows:
+                if row not in self.prompts:  # it drafted last: the rows that round made
+                    self.prompts[row] = [self.features[row, :self.context[row]].clone()]
                 self.prompts[row].append(step[row])
             self.num_new[index] += 1
         else:  # zeros past this pass's rows (index_fill_: a scalar set by index would wait)
@@ -286,13 +290,15 @@ class _Loop:
 
     def finished(self, pending: _Verified) -> list[int]:
         """The rows whose requests the previous round completed (its outcome is on the host
-        by now: the round's download waited for it; a step of the target's own accepted no
-        drafts, which needs no reading)."""
+        by now: the round's download, or an own step's wait, waited for it; a step of the
+        target's own accepted no drafts, which needs no reading)."""
         done = []
         counts = pending.accepted.tolist() if pending.drafted else [0] * len(pending.rows)
         for row, request, keep, accepted in zip(pending.rows, pending.requests, pending.kept,
                                                 counts):
             self.made[request] += (accepted + 1) * keep
+            if pending.drafted:
+                self.context[row] = accepted + 1
             if self.made[request] >= self.requests[request].max_new_tokens:
                 done.append(row)
         return done
@@ -311,3 +317,5 @@ class _Loop:
                 made += min(accepted[i] + 1, wanted)
                 completion.tokens += emitted[i][:accepted[i] + 1]
         self.pass_tokens.append(made)
+        if pending.drafted and self.policy is not None:
+            self.policy.observe(1 + sum(accepted) / len(accepted), 1 + max(pending.verified))

@@ -21,7 +21,8 @@ from torch import Tensor
 from data import DATA, load
 from dspark_compile import lane_config, load_checkpoint, load_runner
 from dspark_compile.compile import build_artifact
-from dspark_compile.speculative import Request, decode
+from dspark_compile.speculative import (DraftPolicy, MaxDraftRows, Request, WhileDraftingPays,
+                                        decode)
 from dspark_compile.speculative.acceptance import verify_rows
 from alone import cache_slots, sync, target_alone, target_alone_refilled
 from llama import LlamaTarget
@@ -32,10 +33,10 @@ from target import LANE, load_target
 
 def speculative(model, runner, prompts, new_tokens: list[int], temperature: float,
                 graphs: bool, slots: int, device, schedule=None, rows: Optional[int] = None,
-                pad: Optional[dict[int, int]] = None, max_draft_rows: Optional[int] = None
+                pad: Optional[dict[int, int]] = None, drafting: Optional[DraftPolicy] = None
                 ) -> dict:
     """The package's draft -> verify loop with the target in ``rows`` rows (default: as many
-    as prompts; ``pad``: LlamaTarget's; ``max_draft_rows``: decode's), request ``i`` seeded
+    as prompts; ``pad``: LlamaTarget's; ``drafting``: decode's), request ``i`` seeded
     ``i``: the tokens, the accepted and verified drafts and the confidences per round, the
     seconds in all, and those of the draft and the verification on the device's stream,
     and the passes."""
@@ -45,7 +46,7 @@ def speculative(model, runner, prompts, new_tokens: list[int], temperature: floa
     sync()
     run = decode(target, runner, [Request(p, n, seed=i) for i, (p, n)
                                   in enumerate(zip(prompts, new_tokens))], temperature,
-                 schedule, max_draft_rows)
+                 schedule, drafting)
     done = run.completions
     return dict(tokens=[c.tokens for c in done],
                 accepted=[a for c in done for a in c.accepted],
@@ -95,7 +96,7 @@ def baseline(model, prompts, wanted: list[int], batch: int, temperature: float, 
 def measure(model, runner, prompts, wanted: list[int], batch: int, temperature: float,
             graphs: bool, device, alone: tuple[list[list[int]], float, tuple[int, float]],
             schedule=None, refill: bool = False, pad: Optional[dict[int, int]] = None,
-            max_draft_rows: Optional[int] = None) -> dict:
+            drafting: Optional[DraftPolicy] = None) -> dict:
     """The speculative arm over the requests, as :func:`baseline` ran them (``alone``, its
     result): seconds, the rounds' accepted and verified drafts and confidences, greedy
     identity and where outputs part."""
@@ -106,7 +107,7 @@ def measure(model, runner, prompts, wanted: list[int], batch: int, temperature: 
                busy_tokens=0, busy_s=0.0, base_busy=alone[2])
     for group in groups(len(prompts), batch, refill):
         spec = speculative(model, runner, prompts[group], wanted[group], temperature, graphs,
-                           slots, device, schedule, batch, pad, max_draft_rows)
+                           slots, device, schedule, batch, pad, drafting)
         for key in ("spec_s", "draft_s", "verify_s", "prefill_s", "passes", "busy_tokens",
                     "busy_s"):
             run[key] += spec[key]
@@ -197,6 +198,11 @@ def main() -> None:
                         help="also, for each N below the batch, rounds of more than N "
                              "requests as the target's own steps, no draft (the width "
                              "schedule's rounds, or every draft's without --schedule)")
+    parser.add_argument("--while-pays", action="store_true",
+                        help="with --schedule: also the width schedule's rounds where they "
+                             "make more tokens a second than the target's own steps, by "
+                             "the round's rates and the tokens drafted rounds made so far "
+                             "(WhileDraftingPays), own steps otherwise")
     parser.add_argument("--pad", action=argparse.BooleanOptionalAction, default=True,
                         help="the speculative arms' target runs each verify width as the "
                              "fastest profiled width at least as wide")
@@ -263,10 +269,10 @@ def main() -> None:
                     sps = steps_per_second(model, batch, graphs, k, taps, slots, device)
                     pad = fastest_widths(sps, batch) if args.pad else None
 
-                    def arm(name: str, schedule=None, max_draft_rows=None) -> dict:
+                    def arm(name: str, schedule=None, drafting=None) -> dict:
                         run = measure(model, runner, chosen, wanted, batch, temperature,
                                       graphs, device, alone, schedule, args.refill, pad,
-                                      max_draft_rows)
+                                      drafting)
                         row = report(run, args, backend, batch, temperature, graphs, k, name)
                         rows.append(row | dict(pad=pad))
                         return rows[-1]
@@ -287,10 +293,13 @@ def main() -> None:
                         runner.schedule(rates, lag=2)  # 5.2, over the width's rates
                         arm("by width, confidences two rounds old")
                         runner.schedule(rates)
+                        if args.while_pays:  # own steps at the pass's rate alone
+                            arm("by width, own steps while drafting does not pay",
+                                drafting=WhileDraftingPays(rates, sps.steps_per_second[0]))
                     for most in [m for m in args.max_draft_rows if m < batch]:
                         arm(("by width" if scheduling else "every draft")
                             + f", the target's own steps above {most} rows",
-                            max_draft_rows=most)
+                            drafting=MaxDraftRows(most))
                     runner.schedule(None)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(dict(rows=rows, lane=drafter.lane.to_dict()), indent=2))

@@ -57,7 +57,12 @@ class StaticLlama:
         x = inner.embed_tokens(tokens)
         cos, sin = inner.rotary_emb(x, position_ids=positions)
         keys = torch.arange(self.slots, device=tokens.device)
+        # each kv head's query heads folded into its rows (q head h reads kv head h // group,
+        # as enable_gqa would): SDPA then picks a fused kernel for fp32, where enable_gqa
+        # falls back to the math path, which copies the cache group-fold per layer
+        group = inner.config.num_attention_heads // self.kv_heads
         visible = (keys[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, n, slots]
+        visible = visible.expand(B, group, n, self.slots).reshape(B, 1, group * n, self.slots)
         every = rows is None  # then the whole cache is read as it is, no copy of its rows
         rows = torch.arange(B, device=tokens.device) if every else rows
         batch = rows[:, None].expand(B, n)
@@ -74,8 +79,9 @@ class StaticLlama:
             cached_k, cached_v = self.k[i], self.v[i]
             if not every:
                 cached_k, cached_v = cached_k[rows], cached_v[rows]
-            out = F.scaled_dot_product_attention(q, cached_k, cached_v, attn_mask=visible,
-                                                 scale=attn.scaling, enable_gqa=True)
+            out = F.scaled_dot_product_attention(
+                q.reshape(B, self.kv_heads, group * n, self.head_dim), cached_k, cached_v,
+                attn_mask=visible, scale=attn.scaling).view(B, -1, n, self.head_dim)
             x = x + F.linear(out.transpose(1, 2).reshape(B, n, -1), attn.o_proj.weight)
             h, mlp = layer.post_attention_layernorm(x), layer.mlp
             up = mlp.act_fn(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight)

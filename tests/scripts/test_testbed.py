@@ -29,7 +29,7 @@ from dspark_compile import lane_config, load_checkpoint, load_runner, save_check
 from dspark_compile.checkpoint import random_drafter  # noqa: E402
 from dspark_compile.compile import build_artifact  # noqa: E402
 from dspark_compile.runtime.schedule import StepsPerSecond  # noqa: E402
-from dspark_compile.speculative import Request, decode, loop  # noqa: E402
+from dspark_compile.speculative import MaxDraftRows, Request, decode, loop  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -126,7 +126,7 @@ def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
     # rounds of both rows the target's own one-token steps; once a request is done, the
     # other's drafter reads its prompt and the steps it missed, and drafts
     own = measure(target, runner, requests, wanted, 2, 0.0, False, CPU, baseline_run,
-                  max_draft_rows=1)
+                  drafting=MaxDraftRows(1))
     assert own["same"] == 2 and len(own["verified"]) < own["passes"]
     # both arms through one row, the second request taking it when the first ends
     refilled = baseline(target, requests, wanted, 1, 0.0, False, taps, slots, CPU, True)

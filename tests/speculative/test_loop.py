@@ -11,7 +11,7 @@ from dspark_compile.compile import build_artifact
 from dspark_compile.config import lane_config
 from dspark_compile.errors import ConfigError, InputError
 from dspark_compile.runtime import load_runner
-from dspark_compile.speculative import Request, acceptance, decode, loop
+from dspark_compile.speculative import MaxDraftRows, Request, acceptance, decode, loop
 from dspark_compile.runtime.schedule import StepsPerSecond, verify_lengths
 
 transformers = pytest.importorskip("transformers", reason="the end-to-end tests need "
@@ -213,7 +213,7 @@ def test_sampling_follows_the_target_distribution(tmp_path, device, schedule):
     expected = (p1[:, None] * following).sum(0).double().cpu().numpy()
     decoded = decode(RecomputingTarget(target, 8, lane.target_layer_ids), runner,
                      [Request(prompt, 2, seed=seed) for seed in range(runs)], 1.0, schedule,
-                     max_draft_rows=0 if own else None)
+                     drafting=MaxDraftRows(0) if own else None)
     counts = np.bincount([c.tokens[1] for c in decoded.completions], minlength=vocab)
     statistic = float(((counts - expected * runs) ** 2 / (expected * runs)).sum())
     assert statistic < 24.3  # chi-square, 7 degrees of freedom, 99.9th percentile
