@@ -93,3 +93,45 @@ def test_a_drafter_that_never_pays_drafts_one_round_in_explore(device, tmp_path,
         assert len(rounds) >= result.passes
     else:  # two rounds before the first outcome is seen, then one in 8
         assert 2 <= len(rounds) <= 2 + result.passes // 8 + 1 < result.passes / 2
+
+
+class Pattern:
+    """A policy that drafts by a fixed cycle of rounds, whatever it observes."""
+
+    def __init__(self, cycle: list[bool]):
+        self.cycle, self.round = cycle, 0
+
+    def drafts(self, live: int) -> bool:
+        self.round += 1
+        return self.cycle[(self.round - 1) % len(self.cycle)]
+
+    def observe(self, tokens: float, width: int) -> None:
+        pass
+
+
+def test_after_own_steps_a_round_hands_the_drafter_every_position_it_missed(device, tmp_path):
+    # each drafted round's context, against the bigram table's features of the request's
+    # tokens: its rows are the positions right after the last round's, up to its anchor
+    lane, runner, _ = counted_runner(device, 1, tmp_path)
+    target = BigramTarget(lane.target_vocab_size, lane.feature_size, 1, device)
+    seen, draft = [], runner.draft
+
+    def recorded(inputs, slots):
+        seen.append((inputs.features.cpu(), int(inputs.num_new), int(inputs.anchor),
+                     int(inputs.anchor_pos)))
+        return draft(inputs, slots)
+    runner.draft = recorded
+    requests = [Request([1, 2, 3], 30), Request([7, 9], 26)]
+    result = decode(target, runner, requests, drafting=Pattern([True, False, False, True,
+                                                                 True, False]))
+    sequences = [r.prompt + c.tokens for r, c in zip(requests, result.completions)]
+    request, covered = -1, 0
+    for features, num_new, anchor, position in seen:
+        if position - num_new == 0:  # a request's first round: its prompt
+            request, covered = request + 1, 0
+        sequence = sequences[request]
+        assert position - num_new == covered and sequence[position] == anchor
+        expected = target.features[torch.tensor(sequence[covered:position], device=device)]
+        torch.testing.assert_close(features[0, :num_new], expected.cpu().to(features.dtype))
+        covered = position
+    assert request == 1 and len(seen) < result.passes
