@@ -60,7 +60,7 @@ class WhileDraftingPays:
         self.tokens: Optional[float] = None  # a request's, a drafted round (averaged)
         self.rate: Optional[float] = None  # drafted rounds a second at their widths
         self.declined = 0  # rounds since the last that drafted
-        self.rates: dict[int, float] = {}  # rounds' rate by width, looked up once each
+        self.width_rates: dict[int, float] = {}  # ``rounds`` at each width seen
 
     def pays(self) -> bool:
         return self.tokens is None or self.tokens * self.rate >= self.own
@@ -73,9 +73,9 @@ class WhileDraftingPays:
         return False
 
     def observe(self, tokens: float, width: int) -> None:
-        if width not in self.rates:
-            self.rates[width] = float(self.rounds(torch.tensor(width)))
-        rate = self.rates[width]
+        if width not in self.width_rates:
+            self.width_rates[width] = float(self.rounds(torch.tensor(width)))
+        rate = self.width_rates[width]
         if self.tokens is None:
             self.tokens, self.rate = tokens, rate
         else:
