@@ -85,8 +85,7 @@ def _markov_step_kernel(w1_ptr, w2_ptr, base_ptr, anchor_ptr, temperature_ptr, s
                         R_PAD: tl.constexpr, BLOCK: tl.constexpr, RUN: tl.constexpr,
                         PROGRAMS: tl.constexpr, PARTS: tl.constexpr,
                         HAS_D2T: tl.constexpr, REVERSE: tl.constexpr,
-                        CERTIFIED: tl.constexpr = False, C: tl.constexpr = 1,
-                        RUN_PAD: tl.constexpr = 1):
+                        CERTIFIED: tl.constexpr, C: tl.constexpr, RUN_PAD: tl.constexpr):
     # One step: this program's run of RUN tiles of W2, streamed in column order or, with
     # REVERSE (every other step), backwards: a step then starts on the tiles the last one
     # ended with, which are still in L2. CERTIFIED (see bounds.py): first each request's

@@ -69,7 +69,7 @@ def _walk(w1: Tensor, w2: Tensor, certified: Optional[tuple[Tensor, Tensor]], ba
         certified[1].fill_(V)  # the full walk: every row of W2, every step
         certified = None
     if certified is None:  # the full walk's step reads none of these: any pointer serves
-        bounds, tiles, extra = (best,) * 6, 0, {}
+        bounds, tiles, extra = (best,) * 6, 0, dict(CERTIFIED=False, C=1, RUN_PAD=1)
     else:
         slots = shape.block // shape.rows  # candidates a request, in one tile's slots
         bounds, tiles = _tile_maxima(base, temperature, seed, anchor_pos, certified, shape,
