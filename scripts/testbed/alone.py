@@ -59,12 +59,13 @@ def target_alone(model, prompts, new_tokens: list[int], temperature: float, grap
 
 def target_alone_refilled(model, prompts, new_tokens: list[int], temperature: float,
                           graphs: bool, taps, slots: int, device, rows: int
-                          ) -> tuple[list[list[int]], float, tuple[int, float]]:
+                          ) -> tuple[list[list[int]], float, tuple[int, float], float]:
     """Plain generation through ``rows`` rows, a finished request's row taking the next
     prompt at once (continuous batching), request ``i`` seeded ``i``. The lengths are known
     ahead, so the host refills rows without reading a token back. Returns the new tokens,
-    the seconds, and the tokens and seconds while every row served a request (as the loop's
-    ``Decoded.busy_tokens``: up to the last step before the queue ran dry)."""
+    the seconds, the tokens and seconds while every row served a request (as the loop's
+    ``Decoded.busy_tokens``: up to the last step before the queue ran dry), and the
+    prompts' prefills' seconds on the device's stream (as ``Decoded.prefill_seconds``)."""
     llama = StaticLlama(model, rows, slots, taps)
     step = captured(llama, rows, 1) if graphs else llama.forward
     queue, serving, left = deque(range(len(prompts))), [None] * rows, [0] * rows
@@ -72,10 +73,13 @@ def target_alone_refilled(model, prompts, new_tokens: list[int], temperature: fl
     position = torch.zeros(rows, dtype=torch.long, device=device)
     seed, active = torch.zeros_like(position), torch.zeros(rows, dtype=torch.bool, device=device)
     made = []  # per step: the tokens, and the request each row served
+    prefills: list[tuple[StreamMark, StreamMark]] = []
 
     def refill(free: list[int]) -> None:
         chosen = [queue.popleft() for _ in free]
+        begin = StreamMark(device)
         logits, _, lengths = llama.prefill([prompts[i] for i in chosen], free)
+        prefills.append((begin, StreamMark(device)))
         index = upload(free, device)
         last[index], position[index] = logits, lengths
         seed[index], active[index] = upload(chosen, device), True
@@ -112,4 +116,4 @@ def target_alone_refilled(model, prompts, new_tokens: list[int], temperature: fl
     busy = (0, 0.0) if drained is None else (
         sum(request is not None for _, requests in made[:drained[0]] for request in requests),
         first.seconds_to(drained[1]))
-    return tokens, seconds, busy
+    return tokens, seconds, busy, sum(b.seconds_to(e) for b, e in prefills)

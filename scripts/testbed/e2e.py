@@ -79,9 +79,10 @@ def groups(count: int, batch: int, refill: bool) -> list[slice]:
 
 def baseline(model, prompts, wanted: list[int], batch: int, temperature: float, graphs: bool,
              taps, slots: int, device, refill: bool = False
-             ) -> tuple[list[list[int]], float, tuple[int, float]]:
+             ) -> tuple[list[list[int]], float, tuple[int, float], Optional[float]]:
     """The target alone over the requests, ``batch`` at a time: its tokens, its seconds, and
-    (refilled) the tokens and seconds while every row served a request."""
+    (refilled) the tokens and seconds while every row served a request and its prefills'
+    seconds."""
     if refill:
         return target_alone_refilled(model, prompts, wanted, temperature, graphs, taps, slots,
                                      device, batch)
@@ -90,11 +91,12 @@ def baseline(model, prompts, wanted: list[int], batch: int, temperature: float, 
         made, _, took = target_alone(model, prompts[group], wanted[group], temperature,
                                      graphs, taps, slots, device)
         tokens, seconds = tokens + made, seconds + took
-    return tokens, seconds, (0, 0.0)
+    return tokens, seconds, (0, 0.0), None
 
 
 def measure(model, runner, prompts, wanted: list[int], batch: int, temperature: float,
-            graphs: bool, device, alone: tuple[list[list[int]], float, tuple[int, float]],
+            graphs: bool, device,
+            alone: tuple[list[list[int]], float, tuple[int, float], Optional[float]],
             schedule=None, refill: bool = False, pad: Optional[dict[int, int]] = None,
             drafting: Optional[DraftPolicy] = None) -> dict:
     """The speculative arm over the requests, as :func:`baseline` ran them (``alone``, its
@@ -104,7 +106,7 @@ def measure(model, runner, prompts, wanted: list[int], batch: int, temperature: 
     slots = cache_slots(prompts, max(wanted), k)
     run = dict(generated=sum(wanted), base_s=alone[1], spec_s=0.0, draft_s=0.0, verify_s=0.0,
                prefill_s=0.0, passes=0, accepted=[], verified=[], confidences=[], tokens=[],
-               busy_tokens=0, busy_s=0.0, base_busy=alone[2])
+               busy_tokens=0, busy_s=0.0, base_busy=alone[2], base_prefill_s=alone[3])
     for group in groups(len(prompts), batch, refill):
         spec = speculative(model, runner, prompts[group], wanted[group], temperature, graphs,
                            slots, device, schedule, batch, pad, drafting)
@@ -140,6 +142,8 @@ def report(run: dict, args, backend: str, batch: int, temperature: float, graphs
                speedup=run["base_s"] / run["spec_s"], draft_share=run["draft_s"] / run["spec_s"],
                verify_share=run["verify_s"] / run["spec_s"],
                prefill_share=run["prefill_s"] / run["spec_s"],
+               target_alone_prefill_share=None if run["base_prefill_s"] is None
+               else run["base_prefill_s"] / run["base_s"],
                verified_per_round=sum(run["verified"]) / max(1, len(run["verified"])),
                passes=run["passes"], tokens_per_pass=run["generated"] / run["passes"],
                outside_pass_ms=1e3 * (run["spec_s"] - run["verify_s"] - run["prefill_s"])
@@ -156,6 +160,11 @@ def report(run: dict, args, backend: str, batch: int, temperature: float, graphs
                       for key, v in row.items() if not isinstance(v, (list, dict))}),
           row.get("divergences", ""), flush=True)
     return row
+
+
+def save(rows: list[dict], lane, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(rows=rows, lane=lane.to_dict()), indent=2))
 
 
 def main() -> None:
@@ -275,6 +284,7 @@ def main() -> None:
                                       drafting)
                         row = report(run, args, backend, batch, temperature, graphs, k, name)
                         rows.append(row | dict(pad=pad))
+                        save(rows, drafter.lane, args.out)  # a run cut short keeps its rows
                         return rows[-1]
                     every = arm("every draft")
                     every.update(calibrations.get(temperature, {}))
@@ -301,8 +311,7 @@ def main() -> None:
                             + f", the target's own steps above {most} rows",
                             drafting=MaxDraftRows(most))
                     runner.schedule(None)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(dict(rows=rows, lane=drafter.lane.to_dict()), indent=2))
+    save(rows, drafter.lane, args.out)
     print(args.out)
 
 

@@ -81,7 +81,7 @@ class StaticLlama:
                 cached_k, cached_v = cached_k[rows], cached_v[rows]
             out = F.scaled_dot_product_attention(
                 q.reshape(B, self.kv_heads, group * n, self.head_dim), cached_k, cached_v,
-                attn_mask=visible, scale=attn.scaling).view(B, -1, n, self.head_dim)
+                attn_mask=visible, scale=attn.scaling).reshape(B, -1, n, self.head_dim)
             x = x + F.linear(out.transpose(1, 2).reshape(B, n, -1), attn.o_proj.weight)
             h, mlp = layer.post_attention_layernorm(x), layer.mlp
             up = mlp.act_fn(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight)

@@ -141,6 +141,8 @@ def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
     row = e2e_report(through_one, args, "eager", 1, 0.0, False, lane.k, "every draft")
     busy_rates = (refilled[2][0] / refilled[2][1], wanted[0] / through_one["busy_s"])
     assert row["busy_speedup"] == pytest.approx(busy_rates[1] / busy_rates[0])
+    assert 0 < refilled[3] < refilled[1]  # its two prompts' prefills, within its run
+    assert row["target_alone_prefill_share"] == pytest.approx(refilled[3] / refilled[1])
 
     # each request's rounds, teacher-forced on its greedy answer, accept what the runtime's
     # rounds accepted
