@@ -211,7 +211,9 @@ def main() -> None:
                         help="with --schedule: also the width schedule's rounds where they "
                              "make more tokens a second than the target's own steps, by "
                              "the round's rates and the tokens drafted rounds made so far "
-                             "(WhileDraftingPays), own steps otherwise")
+                             "(WhileDraftingPays), own steps otherwise (an own step: the "
+                             "one-token pass and the every-draft arm's time outside the pass "
+                             "less its draft)")
     parser.add_argument("--pad", action=argparse.BooleanOptionalAction, default=True,
                         help="the speculative arms' target runs each verify width as the "
                              "fastest profiled width at least as wide")
@@ -303,9 +305,13 @@ def main() -> None:
                         runner.schedule(rates, lag=2)  # 5.2, over the width's rates
                         arm("by width, confidences two rounds old")
                         runner.schedule(rates)
-                        if args.while_pays:  # own steps at the pass's rate alone
+                        if args.while_pays:  # an own step: its pass, and the round's work
+                            # outside the pass but the draft (both sides charged alike)
+                            draft = every["draft_share"] * every["generated"] / (
+                                every["speculative_tokens_per_s"] * every["passes"])
+                            own = 1 / (1 / sps.steps_per_second[0] + max(0.0, outside - draft))
                             arm("by width, own steps while drafting does not pay",
-                                drafting=WhileDraftingPays(rates, sps.steps_per_second[0]))
+                                drafting=WhileDraftingPays(rates, own))
                     for most in [m for m in args.max_draft_rows if m < batch]:
                         arm(("by width" if scheduling else "every draft")
                             + f", the target's own steps above {most} rows",
