@@ -224,18 +224,33 @@ def survival_errors(confidences: Tensor, accepted: Tensor) -> list[float]:
     return [calibration_error(survival[:, j], accepted > j) for j in range(survival.shape[1])]
 
 
+def log_loss(predicted: Tensor, happened: Tensor) -> float:
+    """The mean negative log-likelihood of what happened under the predicted chances."""
+    p, y = predicted.double().clamp(1e-12, 1 - 1e-12), happened.double()
+    return float(-(y * p.log() + (1 - y) * (1 - p).log()).mean())
+
+
+FIT_CRITERIA = ("log_loss", "calibration_error")
+
+
 def fit_position_temperatures(confidences: Tensor, accepted: Tensor,
-                              grid: Sequence[float] = tuple(0.25 * 1.1 ** i for i in range(40))
-                              ) -> PositionTemperatures:
+                              grid: Sequence[float] = tuple(0.25 * 1.1 ** i for i in range(40)),
+                              criterion: str = "log_loss") -> PositionTemperatures:
     """STS from recorded rounds (their confidences ``[N, k]`` and drafts accepted ``[N]``):
     each position's temperature in turn, left to right, the one of ``grid`` (1 among them)
-    whose cumulative product has the least calibration error, the earlier positions'
-    already applied."""
+    whose cumulative product best predicts the drafts that survived there, the earlier
+    positions' already applied. ``criterion``: the survival's ``log_loss`` (smooth in the
+    temperature), or its binned ``calibration_error`` (the paper's; with a few hundred
+    rounds it fits the bins' noise and can raise the error on other rounds)."""
+    if criterion not in FIT_CRITERIA:
+        raise ValueError(f"fit_position_temperatures: criterion={criterion!r}, expected one "
+                         f"of {FIT_CRITERIA}")
+    measure = log_loss if criterion == "log_loss" else calibration_error
     fitted: list[float] = []
     k = confidences.shape[1]
     for j in range(k):
         def error(t: float) -> float:
             scaled = PositionTemperatures(tuple(fitted) + (t,) * (k - j))(confidences)
-            return survival_errors(scaled[:, :j + 1], accepted)[j]
+            return measure(scaled[:, :j + 1].double().cumprod(-1)[:, j], accepted > j)
         fitted.append(min([1.0, *grid], key=error))
     return PositionTemperatures(tuple(fitted))

@@ -20,14 +20,16 @@ from llama import LlamaTarget
 
 def calibration(run: dict) -> tuple[PositionTemperatures, dict]:
     """STS fitted on the first half of ``run``'s rounds; the calibration error per position
-    on the other half before and after it."""
+    on the other half before and after it (and after STS fitted by the paper's criterion,
+    the binned calibration error)."""
     confidences, accepted = torch.tensor(run["confidences"]), torch.tensor(run["accepted"])
     half = len(accepted) // 2
-    sts = fit_position_temperatures(confidences[:half], accepted[:half])
-    return sts, dict(sts=sts.temperatures,
-                     calibration_error=survival_errors(confidences[half:], accepted[half:]),
-                     calibration_error_sts=survival_errors(sts(confidences[half:]),
-                                                           accepted[half:]))
+    fit, held = (confidences[:half], accepted[:half]), (confidences[half:], accepted[half:])
+    sts = fit_position_temperatures(*fit)
+    binned = fit_position_temperatures(*fit, criterion="calibration_error")
+    return sts, dict(sts=sts.temperatures, calibration_error=survival_errors(*held),
+                     calibration_error_sts=survival_errors(sts(held[0]), held[1]),
+                     calibration_error_sts_binned=survival_errors(binned(held[0]), held[1]))
 
 
 def steps_per_second(model, batch: int, graphs: bool, k: int, taps, slots: int, device

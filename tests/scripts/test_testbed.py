@@ -105,7 +105,8 @@ def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
     measured = measure(target, runner, requests, wanted, 2, 0.0, False, CPU, baseline_run)
     assert measured["same"] == measured["compared"] == 2
     _, fitted = calibration(measured)
-    assert len(fitted["sts"]) == lane.k == len(fitted["calibration_error_sts"])
+    assert len(fitted["sts"]) == lane.k == len(fitted["calibration_error_sts"]) \
+        == len(fitted["calibration_error_sts_binned"])
     sps = steps_per_second(target, 2, False, lane.k, taps, slots, CPU)
     assert sps.tokens == (2, 4, 6, 8)
     # each width run as a wider one: still the target's output, one pass a round
