@@ -45,11 +45,14 @@ class WhileDraftingPays:
     newest) times ``rounds`` at the round's pass width (the round's rate: the target's
     profiled steps a second by width, with the time outside the pass added,
     :meth:`StepsPerSecond.with_overhead`), against ``own``, the target's one-token steps a
-    second. Until a round has drafted it drafts. While drafting does not pay, one round in
-    ``explore`` drafts all the same: acceptance moves with the text."""
+    second as the loop runs them (the pass, and the round's work around it but a draft).
+    Until a round has drafted it drafts. While drafting does not pay, one round in
+    ``explore`` drafts all the same: acceptance moves with the text. A light ``weight``
+    keeps one unlucky round from stopping the drafts: while they are stopped, only the
+    exploring rounds can raise the average again."""
 
     def __init__(self, rounds: StepsPerSecond, own: float, explore: int = 16,
-                 weight: float = 0.2):
+                 weight: float = 0.05):
         if rounds.by != "width":
             raise ConfigError("WhileDraftingPays: rounds must be charged by width (a row's "
                               "tokens), StepsPerSecond(..., by='width')")
