@@ -77,9 +77,13 @@ def groups(count: int, batch: int, refill: bool) -> list[slice]:
                                              for i in range(0, count - batch + 1, batch)]
 
 
+# the target alone's run: tokens, seconds, (tokens, seconds) while every row served a
+# request, and its prefills' seconds (None: not timed)
+Alone = tuple[list[list[int]], float, tuple[int, float], Optional[float]]
+
+
 def baseline(model, prompts, wanted: list[int], batch: int, temperature: float, graphs: bool,
-             taps, slots: int, device, refill: bool = False
-             ) -> tuple[list[list[int]], float, tuple[int, float], Optional[float]]:
+             taps, slots: int, device, refill: bool = False) -> Alone:
     """The target alone over the requests, ``batch`` at a time: its tokens, its seconds, and
     (refilled) the tokens and seconds while every row served a request and its prefills'
     seconds."""
@@ -95,10 +99,8 @@ def baseline(model, prompts, wanted: list[int], batch: int, temperature: float, 
 
 
 def measure(model, runner, prompts, wanted: list[int], batch: int, temperature: float,
-            graphs: bool, device,
-            alone: tuple[list[list[int]], float, tuple[int, float], Optional[float]],
-            schedule=None, refill: bool = False, pad: Optional[dict[int, int]] = None,
-            drafting: Optional[DraftPolicy] = None) -> dict:
+            graphs: bool, device, alone: Alone, schedule=None, refill: bool = False,
+            pad: Optional[dict[int, int]] = None, drafting: Optional[DraftPolicy] = None) -> dict:
     """The speculative arm over the requests, as :func:`baseline` ran them (``alone``, its
     result): seconds, the rounds' accepted and verified drafts and confidences, greedy
     identity and where outputs part."""
