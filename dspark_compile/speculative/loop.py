@@ -109,7 +109,7 @@ class _Loop:
         self.context = [0] * rows  # the context rows a row's last drafted round made
         self.temperatures: dict[int, Tensor] = {}  # [R] of the temperature, per R
         self.marks: dict[str, list[tuple[StreamMark, StreamMark]]] = {
-            "draft": [], "verify": [], "prefill": []}
+            "draft": [], "verify": [], "prefill": [], "handoff": []}
         self.pass_tokens: list[int] = []  # the tokens each pass gave requests that wanted them
         self.drained: Optional[tuple[int, int]] = None  # passes, requests in when it ran dry
 
@@ -161,7 +161,7 @@ class _Loop:
             busy_seconds = first.seconds_to(self.marks["verify"][passes - 1][1])
         return Decoded(self.completions, time.perf_counter() - start, span["draft"],
                        span["verify"], span["prefill"], len(self.marks["verify"]), busy_tokens,
-                       busy_seconds)
+                       busy_seconds, span["handoff"])
 
     def refill(self, rows: list[int]) -> None:
         """The next requests into ``rows``: a fresh slot each, their prompts through the
@@ -241,6 +241,8 @@ class _Loop:
         else:  # the anchors alone: no copy
             drafted, tokens = self.anchor.new_empty(self.target.rows, 0), self.anchor[:, None]
         begin = StreamMark(self.device)
+        if out is not None:  # the host's turn between the draft and its verification
+            self.marks["handoff"].append((self.marks["draft"][-1][1], begin))
         logits, features = self.target.verify(tokens, self.position)
         self.marks["verify"].append((begin, StreamMark(self.device)))
         # the rest while the pass runs

@@ -34,3 +34,7 @@ class Decoded:
     # the last pass launched before the queue ran dry, on the device's stream
     busy_tokens: int = 0
     busy_seconds: float = 0.0
+    # on the device's stream, from each drafted round's draft to its verification: the
+    # host's turn (the draft's download and check, the pass's launch), where the device
+    # waits but for the drafted ids' copy up
+    handoff_seconds: float = 0.0

@@ -53,7 +53,8 @@ def speculative(model, runner, prompts, new_tokens: list[int], temperature: floa
                 verified=[v for c in done for v in c.verified],
                 confidences=[x for c in done for x in c.confidences], spec_s=run.seconds,
                 draft_s=run.draft_seconds, verify_s=run.verify_seconds,
-                prefill_s=run.prefill_seconds, passes=run.passes,
+                prefill_s=run.prefill_seconds, handoff_s=run.handoff_seconds,
+                passes=run.passes,
                 busy_tokens=run.busy_tokens, busy_s=run.busy_seconds)
 
 
@@ -107,13 +108,13 @@ def measure(model, runner, prompts, wanted: list[int], batch: int, temperature: 
     k, taps = runner.lane.k, runner.lane.target_layer_ids
     slots = cache_slots(prompts, max(wanted), k)
     run = dict(generated=sum(wanted), base_s=alone[1], spec_s=0.0, draft_s=0.0, verify_s=0.0,
-               prefill_s=0.0, passes=0, accepted=[], verified=[], confidences=[], tokens=[],
-               busy_tokens=0, busy_s=0.0, base_busy=alone[2], base_prefill_s=alone[3])
+               prefill_s=0.0, handoff_s=0.0, passes=0, accepted=[], verified=[],
+               confidences=[], tokens=[], busy_tokens=0, busy_s=0.0, base_busy=alone[2], base_prefill_s=alone[3])
     for group in groups(len(prompts), batch, refill):
         spec = speculative(model, runner, prompts[group], wanted[group], temperature, graphs,
                            slots, device, schedule, batch, pad, drafting)
-        for key in ("spec_s", "draft_s", "verify_s", "prefill_s", "passes", "busy_tokens",
-                    "busy_s"):
+        for key in ("spec_s", "draft_s", "verify_s", "prefill_s", "handoff_s", "passes",
+                    "busy_tokens", "busy_s"):
             run[key] += spec[key]
         for key in ("accepted", "verified", "confidences", "tokens"):
             run[key] += spec[key]
@@ -144,6 +145,7 @@ def report(run: dict, args, backend: str, batch: int, temperature: float, graphs
                speedup=run["base_s"] / run["spec_s"], draft_share=run["draft_s"] / run["spec_s"],
                verify_share=run["verify_s"] / run["spec_s"],
                prefill_share=run["prefill_s"] / run["spec_s"],
+               handoff_share=run["handoff_s"] / run["spec_s"],
                target_alone_prefill_share=None if run["base_prefill_s"] is None
                else run["base_prefill_s"] / run["base_s"],
                verified_per_round=sum(run["verified"]) / max(1, len(run["verified"])),

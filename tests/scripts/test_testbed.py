@@ -144,6 +144,10 @@ def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
     assert row["busy_speedup"] == pytest.approx(busy_rates[1] / busy_rates[0])
     assert 0 < refilled[3] < refilled[1]  # its two prompts' prefills, within its run
     assert row["target_alone_prefill_share"] == pytest.approx(refilled[3] / refilled[1])
+    # the handoffs lie between each draft and its pass: outside both
+    assert 0 < through_one["handoff_s"] < through_one["spec_s"] - through_one["draft_s"] \
+        - through_one["verify_s"] - through_one["prefill_s"]
+    assert row["handoff_share"] == pytest.approx(through_one["handoff_s"] / through_one["spec_s"])
 
     # each request's rounds, teacher-forced on its greedy answer, accept what the runtime's
     # rounds accepted

@@ -12,7 +12,7 @@ from dspark_compile.checkpoint import random_drafter
 from dspark_compile.compile import build_artifact
 from dspark_compile.config import lane_config
 from dspark_compile.runtime import load_runner
-from dspark_compile.speculative import Request, decode
+from dspark_compile.speculative import MaxDraftRows, Request, decode
 from dspark_compile.tools.bigram import BigramTarget
 
 
@@ -114,3 +114,15 @@ def test_a_round_waits_for_the_device_once(tmp_path, monkeypatch, temperature,
         assert len(completion.tokens) == request.max_new_tokens
         if not temperature:
             assert completion.tokens == target.greedy(request.prompt, request.max_new_tokens)
+
+
+def test_the_handoff_is_timed_between_each_draft_and_its_pass(device, tmp_path):
+    # the drafted rounds' handoffs lie outside their drafts and passes; a run of the
+    # target's own steps has none
+    _, _, run = decoded(device, 2, REQUESTS, tmp_path)
+    result = run()
+    outside = result.seconds - result.draft_seconds - result.verify_seconds \
+        - result.prefill_seconds
+    assert 0 < result.handoff_seconds < outside
+    _, _, own = decoded(device, 2, REQUESTS, tmp_path, max_draft_rows=MaxDraftRows(0))
+    assert own().handoff_seconds == 0.0
