@@ -32,6 +32,7 @@ from dspark_compile.runtime.marks import StreamMark
 from dspark_compile.runtime.transfer import download, upload
 from dspark_compile.speculative.acceptance import verify_greedy, verify_rows
 from dspark_compile.speculative.drafting import DraftPolicy
+from dspark_compile.speculative.refill import Refills
 from dspark_compile.speculative.requests import Completion, Decoded, Request
 from dspark_compile.speculative.target import Target, pick_target_token
 
@@ -41,7 +42,7 @@ Schedule = Callable[[Tensor], Tensor]  # confidences [R, k] on the host -> verif
 @torch.no_grad()
 def decode(target: Target, runner: Runner, requests: Sequence[Request],
            temperature: float = 0.0, schedule: Optional[Schedule] = None,
-           drafting: Optional[DraftPolicy] = None) -> Decoded:
+           drafting: Optional[DraftPolicy] = None, refill_wait: float = 0.0) -> Decoded:
     """Every request's ``max_new_tokens`` new tokens, ``target.rows`` requests at a time.
 
     How many of each round's drafts are verified: the lengths a scheduled runner returns
@@ -51,7 +52,11 @@ def decode(target: Target, runner: Runner, requests: Sequence[Request],
     rounds draft (None: every round); the others are the target's own steps
     (:class:`~dspark_compile.speculative.drafting.MaxDraftRows`,
     :class:`~dspark_compile.speculative.drafting.WhileDraftingPays`). A request's drafter
-    reads its prompt and the own steps after it at its first drafted round."""
+    reads its prompt and the own steps after it at its first drafted round.
+    ``refill_wait``: a finished request's row takes the next request at once (0), or rows
+    wait to be refilled together until their idle passes add up to that many passes of
+    every row (:class:`~dspark_compile.speculative.refill.Refills`; for a target whose
+    prefill costs about that many passes whatever its prompts)."""
     if temperature > 0 and not runner.manifest["with_probs"]:
         raise ConfigError("temperature: sampled verification needs the draft distribution; "
                           "build the artifact with with_probs=True")
@@ -62,7 +67,8 @@ def decode(target: Target, runner: Runner, requests: Sequence[Request],
             raise InputError(f"requests[{i}]", f"a prompt of {len(request.prompt)} tokens "
                              f"and max_new_tokens={request.max_new_tokens}",
                              "a prompt of at least one token and max_new_tokens >= 1")
-    return _Loop(target, runner, requests, temperature, schedule, drafting).run()
+    return _Loop(target, runner, requests, temperature, schedule, drafting,
+                 Refills(target.rows, refill_wait)).run()
 
 
 @dataclass
@@ -86,9 +92,9 @@ class _Loop:
 
     def __init__(self, target: Target, runner: Runner, requests: Sequence[Request],
                  temperature: float, schedule: Optional[Schedule],
-                 drafting: Optional[DraftPolicy]):
+                 drafting: Optional[DraftPolicy], refills: Refills):
         self.target, self.runner, self.requests = target, runner, requests
-        self.schedule, self.policy = schedule, drafting
+        self.schedule, self.policy, self.refills = schedule, drafting, refills
         self.temperature, self.k, self.device = temperature, runner.lane.k, runner.device
         self.dtype = runner.lane.torch_dtype
         rows, device = target.rows, runner.device
@@ -146,7 +152,10 @@ class _Loop:
             for row in done:
                 self.runner.release(self.slots[row])
                 self.serving[row] = self.slots[row] = None
-            self.refill(done[:len(self.queue)])
+            passes = len(self.marks["verify"])
+            self.refills.free(done, passes)
+            busy = sum(request is not None for request in self.serving)
+            self.refill(self.refills.due(passes, busy, len(self.queue)))
             pending = following
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -1,5 +1,6 @@
 """The testbed's baseline arm: the target generating alone, one pass a token, in groups that
-run until their longest request ends, or through fixed rows refilled as requests end."""
+run until their longest request ends, or through fixed rows refilled as requests end
+(``baseline``: either, as ``e2e.py`` runs it)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from dspark_compile.runtime.marks import StreamMark
 from dspark_compile.runtime.transfer import upload
 from dspark_compile.speculative import pick_target_token
+from dspark_compile.speculative.refill import Refills
 from llama import StaticLlama, captured
 
 
@@ -58,11 +60,13 @@ def target_alone(model, prompts, new_tokens: list[int], temperature: float, grap
 
 
 def target_alone_refilled(model, prompts, new_tokens: list[int], temperature: float,
-                          graphs: bool, taps, slots: int, device, rows: int
+                          graphs: bool, taps, slots: int, device, rows: int,
+                          refill_wait: float = 0.0
                           ) -> tuple[list[list[int]], float, tuple[int, float], float]:
     """Plain generation through ``rows`` rows, a finished request's row taking the next
-    prompt at once (continuous batching), request ``i`` seeded ``i``. The lengths are known
-    ahead, so the host refills rows without reading a token back. Returns the new tokens,
+    prompt at once (continuous batching; ``refill_wait`` as ``decode``'s), request ``i``
+    seeded ``i``. The lengths are known ahead, so the host refills rows without reading a
+    token back. Returns the new tokens,
     the seconds, the tokens and seconds while every row served a request (as the loop's
     ``Decoded.busy_tokens``: up to the last step before the queue ran dry), and the
     prompts' prefills' seconds on the device's stream (as ``Decoded.prefill_seconds``)."""
@@ -73,6 +77,7 @@ def target_alone_refilled(model, prompts, new_tokens: list[int], temperature: fl
     position = torch.zeros(rows, dtype=torch.long, device=device)
     seed, active = torch.zeros_like(position), torch.zeros(rows, dtype=torch.bool, device=device)
     made = []  # per step: the tokens, and the request each row served
+    refills = Refills(rows, refill_wait)
     prefills: list[tuple[StreamMark, StreamMark]] = []
 
     def refill(free: list[int]) -> None:
@@ -102,10 +107,12 @@ def target_alone_refilled(model, prompts, new_tokens: list[int], temperature: fl
             serving[row] = None
         if ended:
             active.index_fill_(0, upload(ended, device), False)
-        if ended and queue:
-            if len(ended) >= len(queue) and drained is None:
+        refills.free(ended, len(made))
+        chosen = refills.due(len(made), sum(r is not None for r in serving), len(queue))
+        if chosen:
+            if len(chosen) >= len(queue) and drained is None:
                 drained = (len(made), StreamMark(device))
-            refill(ended[:len(queue)])
+            refill(chosen)
     sync()
     seconds = time.perf_counter() - start
     tokens: list[list[int]] = [[] for _ in prompts]
@@ -117,3 +124,32 @@ def target_alone_refilled(model, prompts, new_tokens: list[int], temperature: fl
         sum(request is not None for _, requests in made[:drained[0]] for request in requests),
         first.seconds_to(drained[1]))
     return tokens, seconds, busy, sum(b.seconds_to(e) for b, e in prefills)
+
+
+def groups(count: int, batch: int, refill: bool) -> list[slice]:
+    """The requests each run takes: all through ``batch`` refilled rows, or groups of
+    ``batch`` that each run until their longest request ends."""
+    return [slice(0, count)] if refill else [slice(i, i + batch)
+                                             for i in range(0, count - batch + 1, batch)]
+
+
+# the target alone's run: tokens, seconds, (tokens, seconds) while every row served a
+# request, and its prefills' seconds (None: not timed)
+Alone = tuple[list[list[int]], float, tuple[int, float], Optional[float]]
+
+
+def baseline(model, prompts, wanted: list[int], batch: int, temperature: float, graphs: bool,
+             taps, slots: int, device, refill: bool = False, refill_wait: float = 0.0
+             ) -> Alone:
+    """The target alone over the requests, ``batch`` at a time: its tokens, its seconds, and
+    (refilled, ``refill_wait`` as decode's) the tokens and seconds while every row served a
+    request and its prefills' seconds."""
+    if refill:
+        return target_alone_refilled(model, prompts, wanted, temperature, graphs, taps, slots,
+                                     device, batch, refill_wait)
+    tokens, seconds = [], 0.0
+    for group in groups(len(prompts), batch, refill):
+        made, _, took = target_alone(model, prompts[group], wanted[group], temperature,
+                                     graphs, taps, slots, device)
+        tokens, seconds = tokens + made, seconds + took
+    return tokens, seconds, (0, 0.0), None

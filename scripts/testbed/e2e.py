@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from torch import Tensor
 
 from data import DATA, load
 from dspark_compile import lane_config, load_checkpoint, load_runner
@@ -24,19 +23,20 @@ from dspark_compile.compile import build_artifact
 from dspark_compile.speculative import (DraftPolicy, MaxDraftRows, Request, WhileDraftingPays,
                                         decode)
 from dspark_compile.speculative.acceptance import verify_rows
-from alone import cache_slots, sync, target_alone, target_alone_refilled
+from alone import Alone, baseline, cache_slots, groups, sync, target_alone
 from llama import LlamaTarget
 from scheduling import (by_width, calibration, fastest_widths, fixed_length,
-                        overlaps_recorded, sampler_check, steps_per_second)
+                        overlaps_recorded, prefill_passes, sampler_check, steps_per_second)
 from target import LANE, load_target
 
 
 def speculative(model, runner, prompts, new_tokens: list[int], temperature: float,
                 graphs: bool, slots: int, device, schedule=None, rows: Optional[int] = None,
-                pad: Optional[dict[int, int]] = None, drafting: Optional[DraftPolicy] = None
-                ) -> dict:
+                pad: Optional[dict[int, int]] = None, drafting: Optional[DraftPolicy] = None,
+                refill_wait: float = 0.0) -> dict:
     """The package's draft -> verify loop with the target in ``rows`` rows (default: as many
-    as prompts; ``pad``: LlamaTarget's; ``drafting``: decode's), request ``i`` seeded
+    as prompts; ``pad``: LlamaTarget's; ``drafting``, ``refill_wait``: decode's), request
+    ``i`` seeded
     ``i``: the tokens, the accepted and verified drafts and the confidences per round, the
     seconds in all, and those of the draft and the verification on the device's stream,
     and the passes."""
@@ -46,7 +46,7 @@ def speculative(model, runner, prompts, new_tokens: list[int], temperature: floa
     sync()
     run = decode(target, runner, [Request(p, n, seed=i) for i, (p, n)
                                   in enumerate(zip(prompts, new_tokens))], temperature,
-                 schedule, drafting)
+                 schedule, drafting, refill_wait)
     done = run.completions
     return dict(tokens=[c.tokens for c in done],
                 accepted=[a for c in done for a in c.accepted],
@@ -71,37 +71,10 @@ def summary(k: int, accepted: list[int], confidences: list[list[float]]) -> dict
                                        / max(1, sum(reached[i])) for i in range(k)])
 
 
-def groups(count: int, batch: int, refill: bool) -> list[slice]:
-    """The requests each run takes: all through ``batch`` refilled rows, or groups of
-    ``batch`` that each run until their longest request ends."""
-    return [slice(0, count)] if refill else [slice(i, i + batch)
-                                             for i in range(0, count - batch + 1, batch)]
-
-
-# the target alone's run: tokens, seconds, (tokens, seconds) while every row served a
-# request, and its prefills' seconds (None: not timed)
-Alone = tuple[list[list[int]], float, tuple[int, float], Optional[float]]
-
-
-def baseline(model, prompts, wanted: list[int], batch: int, temperature: float, graphs: bool,
-             taps, slots: int, device, refill: bool = False) -> Alone:
-    """The target alone over the requests, ``batch`` at a time: its tokens, its seconds, and
-    (refilled) the tokens and seconds while every row served a request and its prefills'
-    seconds."""
-    if refill:
-        return target_alone_refilled(model, prompts, wanted, temperature, graphs, taps, slots,
-                                     device, batch)
-    tokens, seconds = [], 0.0
-    for group in groups(len(prompts), batch, refill):
-        made, _, took = target_alone(model, prompts[group], wanted[group], temperature,
-                                     graphs, taps, slots, device)
-        tokens, seconds = tokens + made, seconds + took
-    return tokens, seconds, (0, 0.0), None
-
-
 def measure(model, runner, prompts, wanted: list[int], batch: int, temperature: float,
             graphs: bool, device, alone: Alone, schedule=None, refill: bool = False,
-            pad: Optional[dict[int, int]] = None, drafting: Optional[DraftPolicy] = None) -> dict:
+            pad: Optional[dict[int, int]] = None, drafting: Optional[DraftPolicy] = None,
+            refill_wait: float = 0.0) -> dict:
     """The speculative arm over the requests, as :func:`baseline` ran them (``alone``, its
     result): seconds, the rounds' accepted and verified drafts and confidences, greedy
     identity and where outputs part."""
@@ -112,7 +85,7 @@ def measure(model, runner, prompts, wanted: list[int], batch: int, temperature: 
                confidences=[], tokens=[], busy_tokens=0, busy_s=0.0, base_busy=alone[2], base_prefill_s=alone[3])
     for group in groups(len(prompts), batch, refill):
         spec = speculative(model, runner, prompts[group], wanted[group], temperature, graphs,
-                           slots, device, schedule, batch, pad, drafting)
+                           slots, device, schedule, batch, pad, drafting, refill_wait)
         for key in ("spec_s", "draft_s", "verify_s", "prefill_s", "handoff_s", "passes",
                     "busy_tokens", "busy_s"):
             run[key] += spec[key]
@@ -218,6 +191,11 @@ def main() -> None:
                              "(WhileDraftingPays), own steps otherwise (an own step: the "
                              "one-token pass and the every-draft arm's time outside the pass "
                              "less its draft)")
+    parser.add_argument("--batched-refill", action="store_true",
+                        help="with --refill: freed rows wait to be refilled together "
+                             "(Refills), for as many passes as a prefill costs this target "
+                             "whatever its prompts (profiled per batch); the target alone "
+                             "runs both ways and the faster is the baseline")
     parser.add_argument("--pad", action=argparse.BooleanOptionalAction, default=True,
                         help="the speculative arms' target runs each verify width as the "
                              "fastest profiled width at least as wide")
@@ -279,17 +257,26 @@ def main() -> None:
                 chosen, wanted = requests(batch)
                 slots = cache_slots(chosen, max(wanted), k)
                 for graphs in graphs_options:
-                    alone = baseline(model, chosen, wanted, batch, temperature, graphs, taps,
-                                     slots, device, args.refill)
                     sps = steps_per_second(model, batch, graphs, k, taps, slots, device)
                     pad = fastest_widths(sps, batch) if args.pad else None
+                    wait = prefill_passes(model, batch, taps, slots, chosen[0], sps) \
+                        if args.batched_refill and args.refill else 0.0
+                    # the target alone refilled both ways: the faster is the baseline
+                    alones = {w: baseline(model, chosen, wanted, batch, temperature, graphs,
+                                          taps, slots, device, args.refill, w)
+                              for w in dict.fromkeys((0.0, wait))}
+                    alone_wait = min(alones, key=lambda w: alones[w][1])
+                    alone = alones[alone_wait]
+                    refills = dict(refill_wait=wait, target_alone_refill_wait=alone_wait,
+                                   target_alone_tokens_per_s_by_refill_wait={
+                                       w: sum(wanted) / a[1] for w, a in alones.items()})
 
                     def arm(name: str, schedule=None, drafting=None) -> dict:
                         run = measure(model, runner, chosen, wanted, batch, temperature,
                                       graphs, device, alone, schedule, args.refill, pad,
-                                      drafting)
+                                      drafting, wait)
                         row = report(run, args, backend, batch, temperature, graphs, k, name)
-                        rows.append(row | dict(pad=pad))
+                        rows.append(row | dict(pad=pad) | refills)
                         save(rows, drafter.lane, args.out)  # a run cut short keeps its rows
                         return rows[-1]
                     every = arm("every draft")

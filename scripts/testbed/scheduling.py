@@ -1,10 +1,12 @@
 """What ``e2e.py``'s scheduled arms need around the package's scheduling: STS fitted on a
 run's rounds, the target's SPS profiled per verify width (and the width each pass is
-fastest at), fixed verify lengths, and a check of sampled verification on real rounds."""
+fastest at), its prefill's cost in passes (the refill wait), fixed verify lengths, and a
+check of sampled verification on real rounds."""
 
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Iterator
 
 import torch
@@ -15,7 +17,7 @@ from dspark_compile.runtime.schedule import (PositionTemperatures, StepsPerSecon
                                              profile_steps_per_second, survival_errors)
 from dspark_compile.speculative import acceptance, loop
 from alone import sync
-from llama import LlamaTarget
+from llama import LlamaTarget, StaticLlama
 
 
 def calibration(run: dict) -> tuple[PositionTemperatures, dict]:
@@ -43,6 +45,28 @@ def steps_per_second(model, batch: int, graphs: bool, k: int, taps, slots: int, 
                       start)
         sync()
     return profile_steps_per_second(verify_step, [batch * n for n in range(1, k + 2)])
+
+
+def prefill_passes(model, batch: int, taps, slots: int, prompt: list[int],
+                   sps: StepsPerSecond) -> float:
+    """What a prefill costs whatever its prompts, in the target's one-token passes of
+    ``batch`` rows (``sps``'s first rate): a prefill of ``prompt`` less what each further
+    copy of it adds to one of ``min(8, batch)`` copies (medians of five). ``Refills``'s
+    wait for this target."""
+    llama = StaticLlama(model, batch, slots, taps)
+
+    def seconds(n: int) -> float:
+        times = []
+        for _ in range(5):
+            sync()
+            start = time.perf_counter()
+            llama.prefill([prompt] * n, list(range(n)))
+            sync()
+            times.append(time.perf_counter() - start)
+        return sorted(times)[2]
+    n, one = min(8, batch), seconds(1)
+    fixed = one if n == 1 else max(0.0, one - (seconds(n) - one) / (n - 1))
+    return fixed * sps.steps_per_second[0]
 
 
 def by_width(sps: StepsPerSecond, batch: int) -> StepsPerSecond:

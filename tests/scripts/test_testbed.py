@@ -14,15 +14,16 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="the dev extra has transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "testbed"))
+from alone import baseline, cache_slots, target_alone  # noqa: E402
 from blocks import context, target_pass, teacher_forced  # noqa: E402
 from certificate import reads, report  # noqa: E402
 from data import generate  # noqa: E402
-from e2e import (baseline, cache_slots, measure, report as e2e_report,  # noqa: E402
-                 speculative, target_alone)
+from e2e import measure, report as e2e_report, speculative  # noqa: E402
 from evaluate import held_out_blocks, statistics, validate  # noqa: E402
 from llama import LlamaTarget  # noqa: E402
 from scheduling import (by_width, calibration, fastest_widths, fixed_length,  # noqa: E402
-                        overlaps_recorded, sampler_check, steps_per_second)
+                        overlaps_recorded, prefill_passes, sampler_check,
+                        steps_per_second)
 from train import train  # noqa: E402
 
 from dspark_compile import lane_config, load_checkpoint, load_runner, save_checkpoint  # noqa: E402
@@ -143,6 +144,10 @@ def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
     busy_rates = (refilled[2][0] / refilled[2][1], wanted[0] / through_one["busy_s"])
     assert row["busy_speedup"] == pytest.approx(busy_rates[1] / busy_rates[0])
     assert 0 < refilled[3] < refilled[1]  # its two prompts' prefills, within its run
+    # a prefill costs this target some passes; rows waiting on a refill change no token
+    assert prefill_passes(target, 2, taps, slots, requests[0], sps) > 0
+    assert baseline(target, requests * 2, wanted * 2, 2, 0.0, False, taps, slots, CPU, True,
+                    50.0)[0] == alone * 2
     assert row["target_alone_prefill_share"] == pytest.approx(refilled[3] / refilled[1])
     # the handoffs lie between each draft and its pass: outside both
     assert 0 < through_one["handoff_s"] < through_one["spec_s"] - through_one["draft_s"] \

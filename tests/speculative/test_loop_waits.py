@@ -126,3 +126,25 @@ def test_the_handoff_is_timed_between_each_draft_and_its_pass(device, tmp_path):
     assert 0 < result.handoff_seconds < outside
     _, _, own = decoded(device, 2, REQUESTS, tmp_path, max_draft_rows=MaxDraftRows(0))
     assert own().handoff_seconds == 0.0
+
+
+def test_rows_refilled_together_give_the_same_output_in_fewer_prefills(device, tmp_path):
+    # five requests through two rows: at once, a prefill for each request after the first
+    # two; waiting 3 passes of both rows, two of those three share one
+    requests = [Request([1, 2, 3], 12), Request([400, 17], 13), Request([9] * 5, 4),
+                Request([5], 6), Request([8, 8], 7)]
+    counts = {}
+    for wait in (0.0, 3.0):
+        target, runner, _ = decoded(device, 2, requests, tmp_path / str(wait))
+        calls, prefill = [], target.prefill
+
+        def counted(rows, prompts):
+            calls.append(len(rows))
+            return prefill(rows, prompts)
+        target.prefill = counted
+        result = decode(target, runner, requests, refill_wait=wait)
+        for request, completion in zip(requests, result.completions):
+            assert completion.tokens == target.greedy(request.prompt, request.max_new_tokens)
+        counts[wait] = calls
+    assert sum(counts[0.0]) == sum(counts[3.0]) == len(requests)
+    assert len(counts[3.0]) < len(counts[0.0])
