@@ -47,9 +47,10 @@ class WhileDraftingPays:
     :meth:`StepsPerSecond.with_overhead`), against ``own``, the target's one-token steps a
     second as the loop runs them (the pass, and the round's work around it but a draft).
     Until a round has drafted it drafts. While drafting does not pay, one round in
-    ``explore`` drafts all the same: acceptance moves with the text. A light ``weight``
-    keeps one unlucky round from stopping the drafts: while they are stopped, only the
-    exploring rounds can raise the average again."""
+    ``explore`` drafts all the same: acceptance moves with the text. The averages run over
+    passes, not drafted rounds: a round seen ``n`` passes after the last weighs
+    ``1 - (1 - weight)^n``, so an exploring round counts for the own steps before it, and a
+    light ``weight`` keeps one unlucky round among drafted ones from stopping the drafts."""
 
     def __init__(self, rounds: StepsPerSecond, own: float, explore: int = 16,
                  weight: float = 0.05):
@@ -63,12 +64,14 @@ class WhileDraftingPays:
         self.tokens: Optional[float] = None  # a request's, a drafted round (averaged)
         self.rate: Optional[float] = None  # drafted rounds a second at their widths
         self.declined = 0  # rounds since the last that drafted
+        self.passes = 0  # rounds since the last observed
         self.width_rates: dict[int, float] = {}  # ``rounds`` at each width seen
 
     def pays(self) -> bool:
         return self.tokens is None or self.tokens * self.rate >= self.own
 
     def drafts(self, live: int) -> bool:
+        self.passes += 1
         if self.pays() or self.declined + 1 >= self.explore:
             self.declined = 0
             return True
@@ -79,8 +82,9 @@ class WhileDraftingPays:
         if width not in self.width_rates:
             self.width_rates[width] = float(self.rounds(torch.tensor(width)))
         rate = self.width_rates[width]
+        weight, self.passes = 1 - (1 - self.weight) ** max(1, self.passes), 0
         if self.tokens is None:
             self.tokens, self.rate = tokens, rate
         else:
-            self.tokens += self.weight * (tokens - self.tokens)
-            self.rate += self.weight * (rate - self.rate)
+            self.tokens += weight * (tokens - self.tokens)
+            self.rate += weight * (rate - self.rate)

@@ -70,12 +70,25 @@ def test_drafting_pays_where_tokens_times_the_round_rate_reach_the_own_steps_rat
     assert policy.drafts(8)  # nothing seen yet
     policy.observe(1.0, 2)  # 1.0 x 80 < 100: declines 3 rounds, drafts the 4th
     assert [policy.drafts(8) for _ in range(8)] == [False, False, False, True] * 2
-    policy.observe(2.0, 2)  # 1.5 x 80 = 120
+    policy.observe(2.0, 2)  # 8 passes on, weighs 1 - 0.5^8: 1.996 x 80 = 159.7
     assert all(policy.drafts(8) for _ in range(5))
-    policy.observe(1.5, 6)  # 1.5 x 65 = 97.5 (the round rate averaged too)
-    assert not policy.drafts(8)
-    policy.observe(3.0, 6)  # 2.25 x 57.5 = 129.4
+    policy.observe(3.0, 2)  # 5 passes on: 2.969 x 80
     assert policy.drafts(8)
+    policy.observe(1.0, 6)  # 1 pass on, weighs 0.5: 1.984 x 65 = 129.0 (the rate averaged too)
+    assert policy.drafts(8)
+    policy.observe(0.5, 6)  # 1.242 x 57.5 = 71.4
+    assert not policy.drafts(8)
+
+
+def test_an_exploring_round_weighs_the_own_steps_before_it():
+    # declined for 15 passes, one good exploring round restarts the drafts at once; over
+    # drafted rounds (weight 0.05 once) it would not: 1.05 x 80 < 100
+    policy = WhileDraftingPays(WIDTHS, own=100.0, explore=16, weight=0.05)
+    policy.drafts(1)
+    policy.observe(1.0, 2)
+    assert [policy.drafts(1) for _ in range(16)] == [False] * 15 + [True]
+    policy.observe(2.0, 2)  # weighs 1 - 0.95^16 = 0.56: 1.56 x 80 = 124.8
+    assert policy.drafts(1)
 
 
 @pytest.mark.parametrize("own", [1e-6, 1e6])
