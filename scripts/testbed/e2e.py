@@ -26,7 +26,8 @@ from dspark_compile.speculative.acceptance import verify_rows
 from alone import Alone, baseline, cache_slots, groups, sync, target_alone
 from llama import LlamaTarget
 from scheduling import (by_width, calibration, fastest_widths, fixed_length,
-                        overlaps_recorded, prefill_passes, sampler_check, steps_per_second)
+                        overlaps_recorded, prefill_of, prefill_passes, sampler_check,
+                        steps_per_second)
 from target import LANE, load_target
 
 
@@ -62,6 +63,8 @@ def summary(k: int, accepted: list[int], confidences: list[list[float]]) -> dict
     """Acceptance per draft position (of the rounds) and, where a position was reached, the
     drafter's mean confidence there against how often it was accepted."""
     rounds = len(accepted)
+    if not rounds:  # the target's own steps alone
+        return dict(rounds=0)
     reached = [[a >= i for a in accepted] for i in range(k)]
     return dict(rounds=rounds, tokens_per_round=sum(accepted) / rounds + 1,
                 acceptance_by_position=[sum(a > i for a in accepted) / rounds for i in range(k)],
@@ -259,7 +262,8 @@ def main() -> None:
                 for graphs in graphs_options:
                     sps = steps_per_second(model, batch, graphs, k, taps, slots, device)
                     pad = fastest_widths(sps, batch) if args.pad else None
-                    wait = prefill_passes(model, batch, taps, slots, chosen[0], sps) \
+                    wait = prefill_passes(prefill_of(model, batch, taps, slots, chosen[0]),
+                                          batch, sps) \
                         if args.batched_refill and args.refill else 0.0
                     # the target alone refilled both ways: the faster is the baseline
                     alones = {w: baseline(model, chosen, wanted, batch, temperature, graphs,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -47,22 +47,30 @@ def steps_per_second(model, batch: int, graphs: bool, k: int, taps, slots: int, 
     return profile_steps_per_second(verify_step, [batch * n for n in range(1, k + 2)])
 
 
-def prefill_passes(model, batch: int, taps, slots: int, prompt: list[int],
-                   sps: StepsPerSecond) -> float:
-    """What a prefill costs whatever its prompts, in the target's one-token passes of
-    ``batch`` rows (``sps``'s first rate): a prefill of ``prompt`` less what each further
-    copy of it adds to one of ``min(8, batch)`` copies (medians of five). ``Refills``'s
-    wait for this target."""
+def prefill_of(model, batch: int, taps, slots: int, prompt: list[int]
+               ) -> Callable[[int], None]:
+    """A prefill of ``n`` copies of ``prompt`` into the first rows of the target's ``batch``
+    rows, as :func:`prefill_passes` times it."""
     llama = StaticLlama(model, batch, slots, taps)
 
+    def prefill(n: int) -> None:
+        llama.prefill([prompt] * n, list(range(n)))
+    return prefill
+
+
+def prefill_passes(prefill: Callable[[int], None], batch: int, sps: StepsPerSecond,
+                   clock: Callable[[], float] = time.perf_counter) -> float:
+    """What a prefill costs whatever its prompts, in the target's one-token passes of
+    ``batch`` rows (``sps``'s first rate): ``prefill(1)`` less what each further prompt adds
+    to ``prefill(min(8, batch))`` (medians of five). ``Refills``'s wait for this target."""
     def seconds(n: int) -> float:
         times = []
         for _ in range(5):
             sync()
-            start = time.perf_counter()
-            llama.prefill([prompt] * n, list(range(n)))
+            start = clock()
+            prefill(n)
             sync()
-            times.append(time.perf_counter() - start)
+            times.append(clock() - start)
         return sorted(times)[2]
     n, one = min(8, batch), seconds(1)
     fixed = one if n == 1 else max(0.0, one - (seconds(n) - one) / (n - 1))

@@ -22,8 +22,8 @@ from e2e import measure, report as e2e_report, speculative  # noqa: E402
 from evaluate import held_out_blocks, statistics, validate  # noqa: E402
 from llama import LlamaTarget  # noqa: E402
 from scheduling import (by_width, calibration, fastest_widths, fixed_length,  # noqa: E402
-                        overlaps_recorded, prefill_passes, sampler_check,
-                        steps_per_second)
+                        overlaps_recorded, prefill_of, prefill_passes,
+                        sampler_check, steps_per_second)
 from train import train  # noqa: E402
 
 from dspark_compile import lane_config, load_checkpoint, load_runner, save_checkpoint  # noqa: E402
@@ -145,7 +145,7 @@ def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
     assert row["busy_speedup"] == pytest.approx(busy_rates[1] / busy_rates[0])
     assert 0 < refilled[3] < refilled[1]  # its two prompts' prefills, within its run
     # a prefill costs this target some passes; rows waiting on a refill change no token
-    assert prefill_passes(target, 2, taps, slots, requests[0], sps) > 0
+    assert prefill_passes(prefill_of(target, 2, taps, slots, requests[0]), 2, sps) >= 0
     assert baseline(target, requests * 2, wanted * 2, 2, 0.0, False, taps, slots, CPU, True,
                     50.0)[0] == alone * 2
     assert row["target_alone_prefill_share"] == pytest.approx(refilled[3] / refilled[1])
@@ -153,6 +153,11 @@ def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
     assert 0 < through_one["handoff_s"] < through_one["spec_s"] - through_one["draft_s"] \
         - through_one["verify_s"] - through_one["prefill_s"]
     assert row["handoff_share"] == pytest.approx(through_one["handoff_s"] / through_one["spec_s"])
+    # no round drafted: the target's own steps, reported without rounds
+    never = measure(target, runner, requests, wanted, 2, 0.0, False, CPU, baseline_run,
+                    drafting=MaxDraftRows(0))
+    assert never["same"] == 2 and not never["accepted"]
+    assert e2e_report(never, args, "eager", 2, 0.0, False, lane.k, "own steps")["rounds"] == 0
 
     # each request's rounds, teacher-forced on its greedy answer, accept what the runtime's
     # rounds accepted
@@ -183,6 +188,22 @@ def test_a_trained_drafter_loads_and_decodes_losslessly(target, tmp_path):
     first = stats["positions"][0]
     assert first["reached"] == result["blocks"]
     assert first["accepted_if_reached"] == pytest.approx(result["acceptance_by_position"][0])
+
+
+@pytest.mark.parametrize("fixed, per_prompt, batch, passes", [
+    (0.02, 0.001, 8, 2.0),  # 21 ms for one prompt, 28 for eight: 20 ms whatever the prompts
+    (0.02, 0.001, 1, 2.1),  # one row: a prefill is of one prompt
+    (0.0, 0.004, 64, 0.0),  # each prompt's own cost alone: nothing to save by batching
+])
+def test_a_prefills_cost_whatever_its_prompts_in_one_token_passes(fixed, per_prompt, batch,
+                                                                  passes):
+    now = [0.0]
+
+    def prefill(n: int) -> None:  # on a clock of its own
+        now[0] += fixed + per_prompt * n
+    sps = StepsPerSecond((batch, 2 * batch), (100.0, 80.0))  # a one-token pass: 10 ms
+    assert prefill_passes(prefill, batch, sps, clock=lambda: now[0]) \
+        == pytest.approx(passes, abs=1e-9)
 
 
 def test_each_width_runs_as_the_fastest_at_least_as_wide():
