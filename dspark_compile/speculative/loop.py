@@ -237,14 +237,18 @@ class _Loop:
         as wide as the longest verify length needs (the lengths are on the host already: no
         synchronisation)."""
         rows, lengths = [live[i] for i in going], None
+        every = rows == list(range(self.target.rows))  # then nothing to pick or place
         if out is not None and out.lengths is not None:
-            lengths = out.lengths[going]
+            lengths = out.lengths if every else out.lengths[going]
         elif out is not None and self.schedule is not None:
-            lengths = self.schedule(out.confidences[going])
+            lengths = self.schedule(out.confidences if every else out.confidences[going])
         width = 0 if out is None else self.k if lengths is None else int(lengths.max())
-        if width:
-            drafted = torch.zeros(self.target.rows, width, dtype=torch.long)  # up in one copy
-            drafted[rows] = out.ids[going, :width]
+        if width:  # on the round's critical path: up in one copy
+            if every:
+                drafted = out.ids[:, :width].contiguous()
+            else:
+                drafted = torch.zeros(self.target.rows, width, dtype=torch.long)
+                drafted[rows] = out.ids[going, :width]
             drafted = upload(drafted, self.device)
             tokens = torch.cat([self.anchor[:, None], drafted], 1)
         else:  # the anchors alone: no copy
