@@ -64,7 +64,7 @@ class WhileDraftingPays:
         self.tokens: Optional[float] = None  # a request's, a drafted round (averaged)
         self.rate: Optional[float] = None  # drafted rounds a second at their widths
         self.declined = 0  # rounds since the last that drafted
-        self.passes = 0  # rounds since the last observed
+        self.passes = 0  # rounds, drafted or not, since the last observed
         self.width_rates: dict[int, float] = {}  # ``rounds`` at each width seen
 
     def pays(self) -> bool:

@@ -14,9 +14,9 @@ class Refills:
     """Free rows wait until their idle passes, summed over the rows, reach ``wait`` passes
     of every row (``wait`` * rows), then all are refilled in one prefill: ski rental, with
     ``wait`` the prefill's cost in passes, the rows' idle time costs at most one prefill's
-    before each refill. ``wait`` 0: at once. Rows are refilled at once where no row is busy or the
-    queue holds no more requests than there are rows free (waiting batches nothing
-    more)."""
+    before each refill. ``wait`` 0: at once. Rows are refilled at once where no row is
+    busy or the queue holds no more requests than there are rows free (waiting batches
+    nothing more)."""
 
     def __init__(self, rows: int, wait: float = 0.0):
         if wait < 0:

@@ -30,8 +30,9 @@ class Decoded:
     prefill_seconds: float  # the target's prefills of the prompts
     passes: int  # the target's verification passes (one a round of the rows)
     # while every row served a request (until the queue ran dry, rows waiting for a refill
-    # included; 0 where it never held more requests than rows): the tokens made and their time, from the start to the end of
-    # the last pass launched before the queue ran dry, on the device's stream
+    # included; 0 where it never held more requests than rows): the tokens made and their
+    # time, from the start to the end of the last pass launched before the queue ran dry,
+    # on the device's stream
     busy_tokens: int = 0
     busy_seconds: float = 0.0
     # on the device's stream, from each drafted round's draft to its verification: the

@@ -85,7 +85,8 @@ def measure(model, runner, prompts, wanted: list[int], batch: int, temperature: 
     slots = cache_slots(prompts, max(wanted), k)
     run = dict(generated=sum(wanted), base_s=alone[1], spec_s=0.0, draft_s=0.0, verify_s=0.0,
                prefill_s=0.0, handoff_s=0.0, passes=0, accepted=[], verified=[],
-               confidences=[], tokens=[], busy_tokens=0, busy_s=0.0, base_busy=alone[2], base_prefill_s=alone[3])
+               confidences=[], tokens=[], busy_tokens=0, busy_s=0.0, base_busy=alone[2],
+               base_prefill_s=alone[3])
     for group in groups(len(prompts), batch, refill):
         spec = speculative(model, runner, prompts[group], wanted[group], temperature, graphs,
                            slots, device, schedule, batch, pad, drafting, refill_wait)
