@@ -66,10 +66,10 @@ def target_alone_refilled(model, prompts, new_tokens: list[int], temperature: fl
     """Plain generation through ``rows`` rows, a finished request's row taking the next
     prompt at once (continuous batching; ``refill_wait`` as ``decode``'s), request ``i``
     seeded ``i``. The lengths are known ahead, so the host refills rows without reading a
-    token back. Returns the new tokens,
-    the seconds, the tokens and seconds while every row served a request (as the loop's
-    ``Decoded.busy_tokens``: up to the last step before the queue ran dry), and the
-    prompts' prefills' seconds on the device's stream (as ``Decoded.prefill_seconds``)."""
+    token back. Returns the new tokens, the seconds, the tokens and seconds while every row
+    served a request (as the loop's ``Decoded.busy_tokens``: up to the last step before
+    the queue ran dry), and the prompts' prefills' seconds on the device's stream (as
+    ``Decoded.prefill_seconds``)."""
     llama = StaticLlama(model, rows, slots, taps)
     step = captured(llama, rows, 1) if graphs else llama.forward
     queue, serving, left = deque(range(len(prompts))), [None] * rows, [0] * rows
